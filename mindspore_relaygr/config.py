@@ -1,0 +1,340 @@
+"""Typed configuration: one YAML file -> one `RelayGRConfig` of per-section dataclasses.
+
+Unknown sections or keys and invalid values raise `ConfigError` naming the key and the value.
+Dotted overrides (`"cache.num_slots=8"`) are parsed as YAML scalars and type-checked like the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mindspore_relaygr.errors import ConfigError
+
+
+def _require(ok: bool, key: str, value: Any, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r}: {why}")
+
+
+def _ascending_positive(key: str, values: list[int]) -> None:
+    _require(len(values) > 0, key, values, "must not be empty")
+    _require(all(v > 0 for v in values), key, values, "must be positive")
+    _require(values == sorted(set(values)), key, values, "must be strictly increasing")
+
+
+@dataclass
+class ModelConfig:
+    """HSTU ranker shape, vocabularies and the static length buckets of its graphs."""
+
+    num_items: int = 1000  # valid item ids are 1..num_items; 0 is padding
+    num_actions: int = 4  # valid action ids are 0..num_actions-1
+    user_feature_sizes: list[int] = field(default_factory=list)  # empty: no user token
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 2
+    d_qk: int = 32  # per head
+    d_v: int = 32  # per head
+    # N_norm of the pointwise attention and the longest behaviour sequence (user token included).
+    # A constant, never the request length, so a cached prefix does not depend on what follows.
+    max_seq_len: int = 256
+    num_pos_buckets: int = 32
+    num_time_buckets: int = 32
+    time_bucket_scale: float = 2.0  # bucket = floor(log1p(|dt seconds|) * scale)
+    task_names: list[str] = field(default_factory=lambda: ["engage", "high_rating"])
+    task_weights: list[float] | None = None  # ranking score = sum(w * p); default equal weights
+    len_buckets: list[int] = field(default_factory=lambda: [64, 128, 256])
+    suffix_buckets: list[int] = field(default_factory=lambda: [8, 32])
+    candidate_buckets: list[int] = field(default_factory=lambda: [16, 64])
+    attention_block_len: int = 256  # query rows per attention block; bounds graph peak memory
+    dropout: float = 0.0
+    seed: int = 0
+    version: str = "dev"  # part of every cache key; export sets it from the checkpoint
+
+    def __post_init__(self) -> None:
+        for key in ("num_items", "num_actions", "d_model", "num_layers", "num_heads", "d_qk", "d_v"):
+            _require(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be > 0")
+        _require(all(s > 0 for s in self.user_feature_sizes), "model.user_feature_sizes",
+                 self.user_feature_sizes, "every size must be > 0")
+        for key in ("num_pos_buckets", "num_time_buckets"):
+            _require(getattr(self, key) >= 2, f"model.{key}", getattr(self, key), "must be >= 2")
+        _require(self.time_bucket_scale > 0, "model.time_bucket_scale", self.time_bucket_scale,
+                 "must be > 0")
+        _require(len(self.task_names) >= 1, "model.task_names", self.task_names, "need a task")
+        if self.task_weights is not None:
+            _require(len(self.task_weights) == len(self.task_names), "model.task_weights",
+                     self.task_weights, "need one weight per task")
+        for key in ("len_buckets", "suffix_buckets", "candidate_buckets"):
+            _ascending_positive(f"model.{key}", getattr(self, key))
+        _require(self.len_buckets[-1] == self.max_seq_len, "model.len_buckets", self.len_buckets,
+                 f"the last bucket must equal model.max_seq_len={self.max_seq_len}")
+        _require(self.attention_block_len > 0, "model.attention_block_len",
+                 self.attention_block_len, "must be > 0")
+        _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "must be in [0, 1)")
+
+    @property
+    def has_user_token(self) -> bool:
+        return bool(self.user_feature_sizes)
+
+    @property
+    def max_candidates(self) -> int:
+        return self.candidate_buckets[-1]
+
+    @property
+    def max_suffix_len(self) -> int:
+        return self.suffix_buckets[-1]
+
+
+@dataclass
+class CacheConfig:
+    """Device KV pool size and the lifecycle of relayed prefixes."""
+
+    num_slots: int | None = 8  # null: derive from pool_bytes
+    pool_bytes: float | None = None  # device byte budget of the pool (used when num_slots is null)
+    max_prefix_len: int = 256  # tokens one slot holds (user token included); one of len_buckets
+    lifetime_ms: float = 5000.0  # a relayed prefix is kept at least this long for its rank
+    max_extend_len: int = 64  # a history that grew by more events than this is recomputed
+
+    def __post_init__(self) -> None:
+        _require(self.num_slots is not None or self.pool_bytes is not None, "cache.num_slots",
+                 self.num_slots, "set num_slots or pool_bytes")
+        if self.num_slots is not None:
+            _require(self.num_slots > 0, "cache.num_slots", self.num_slots, "must be > 0")
+        if self.pool_bytes is not None:
+            _require(self.pool_bytes > 0, "cache.pool_bytes", self.pool_bytes, "must be > 0")
+        _require(self.max_prefix_len > 0, "cache.max_prefix_len", self.max_prefix_len, "must be > 0")
+        _require(self.lifetime_ms > 0, "cache.lifetime_ms", self.lifetime_ms, "must be > 0")
+        _require(self.max_extend_len >= 0, "cache.max_extend_len", self.max_extend_len,
+                 "must be >= 0")
+
+
+SPILL_POLICIES = ("always", "used", "never")
+
+
+@dataclass
+class ExpanderConfig:
+    """Host-DRAM tier that keeps caches evicted from the device pool."""
+
+    enabled: bool = True
+    dram_bytes: float = 2e9
+    ttl_s: float = 600.0
+    spill_policy: str = "always"  # always | used (only entries that served a rank) | never
+    copy_bytes_per_s: float | None = None  # null: measured at start-up
+
+    def __post_init__(self) -> None:
+        _require(self.dram_bytes > 0, "expander.dram_bytes", self.dram_bytes, "must be > 0")
+        _require(self.ttl_s > 0, "expander.ttl_s", self.ttl_s, "must be > 0")
+        _require(self.spill_policy in SPILL_POLICIES, "expander.spill_policy", self.spill_policy,
+                 f"must be one of {SPILL_POLICIES}")
+        if self.copy_bytes_per_s is not None:
+            _require(self.copy_bytes_per_s > 0, "expander.copy_bytes_per_s",
+                     self.copy_bytes_per_s, "must be > 0")
+
+
+@dataclass
+class TriggerConfig:
+    """Sequence-aware trigger: which pre-infer signals get a relay."""
+
+    slo_ms: float = 50.0  # ranking-path P99 budget
+    risk_margin: float = 0.8  # at risk iff predicted full-path latency > slo_ms * risk_margin
+    max_inflight_slots: int | None = None  # null: all pool slots
+    max_inflight_bytes: float | None = None  # null: no byte bound beyond the slots
+    max_prefill_tokens_per_s: float = 200000.0  # token-bucket rate of pre-infer work
+    prefill_burst_tokens: int = 16384  # token-bucket depth
+    max_queued_prefills: int = 8
+    prefill_chunk_len: int = 512  # a rank waits at most one chunk behind a prefill
+    min_prefix_len: int = 1  # shorter histories are never relayed
+
+    def __post_init__(self) -> None:
+        for key in ("slo_ms", "risk_margin", "max_prefill_tokens_per_s"):
+            _require(getattr(self, key) > 0, f"trigger.{key}", getattr(self, key), "must be > 0")
+        for key in ("prefill_burst_tokens", "max_queued_prefills", "prefill_chunk_len", "min_prefix_len"):
+            _require(getattr(self, key) >= 1, f"trigger.{key}", getattr(self, key), "must be >= 1")
+        if self.max_inflight_slots is not None:
+            _require(self.max_inflight_slots >= 1, "trigger.max_inflight_slots", self.max_inflight_slots,
+                     "must be >= 1")
+        if self.max_inflight_bytes is not None:
+            _require(self.max_inflight_bytes > 0, "trigger.max_inflight_bytes", self.max_inflight_bytes,
+                     "must be > 0")
+
+
+MISS_POLICIES = ("full", "truncate")
+
+
+@dataclass
+class RelayConfig:
+    """Relay engine behaviour; `enabled: false` is the full-inference baseline."""
+
+    enabled: bool = True
+    miss_policy: str = "full"  # full: compute anyway | truncate: rank the last max_online_len events
+    max_online_len: int = 512  # the production length cap of the baseline
+    inflight_wait_ms: float = 100.0  # how long a rank waits for an in-flight prefill of its key
+
+    def __post_init__(self) -> None:
+        _require(self.miss_policy in MISS_POLICIES, "relay.miss_policy", self.miss_policy,
+                 f"must be one of {MISS_POLICIES}")
+        _require(self.max_online_len >= 1, "relay.max_online_len", self.max_online_len, "must be >= 1")
+        _require(self.inflight_wait_ms >= 0, "relay.inflight_wait_ms", self.inflight_wait_ms, "must be >= 0")
+
+
+HASH_METHODS = ("rendezvous",)
+
+
+@dataclass
+class RouterConfig:
+    """Affinity routing of a user's pre-infer and rank to one instance."""
+
+    instances: list[str] = field(default_factory=list)  # instance ids, e.g. ["i0", "i1"]
+    hash_method: str = "rendezvous"
+
+    def __post_init__(self) -> None:
+        _require(self.hash_method in HASH_METHODS, "router.hash_method", self.hash_method,
+                 f"must be one of {HASH_METHODS}")
+        _require(len(set(self.instances)) == len(self.instances), "router.instances", self.instances,
+                 "must be unique")
+
+
+DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
+MODES = ("graph", "pynative")
+
+
+@dataclass
+class ContextConfig:
+    """Where and how MindSpore runs."""
+
+    device_target: str = "CPU"
+    device_id: int = 0
+    mode: str = "graph"
+    enable_compile_cache: bool = False
+    compile_cache_dir: str = "~/.cache/mindspore-relaygr/compile"
+    num_threads: int | None = None  # null: MindSpore default
+
+    def __post_init__(self) -> None:
+        _require(self.device_target in DEVICE_TARGETS, "context.device_target",
+                 self.device_target, f"must be one of {DEVICE_TARGETS}")
+        _require(self.mode in MODES, "context.mode", self.mode, f"must be one of {MODES}")
+        _require(self.device_id >= 0, "context.device_id", self.device_id, "must be >= 0")
+
+
+@dataclass
+class RelayGRConfig:
+    """Root config: one attribute per YAML section."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    expander: ExpanderConfig = field(default_factory=ExpanderConfig)
+    trigger: TriggerConfig = field(default_factory=TriggerConfig)
+    relay: RelayConfig = field(default_factory=RelayConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.cache.max_prefix_len in self.model.len_buckets, "cache.max_prefix_len",
+                 self.cache.max_prefix_len, f"must be one of model.len_buckets {self.model.len_buckets}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp)
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0])
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        _require(isinstance(value, list), key, value, "must be a list")
+        return [_coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    if tp is bool:
+        _require(isinstance(value, bool), key, value, "must be true or false")
+        return value
+    if tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if isinstance(value, float) and value.is_integer():
+            value, ok = int(value), True
+        _require(ok, key, value, "must be an integer")
+        return value
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        _require(ok and math.isfinite(float(value)), key, value, "must be a finite number")
+        return float(value)
+    if tp is str:
+        _require(isinstance(value, str), key, value, "must be a string")
+        return value
+    raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
+
+
+def _build_section(name: str, cls: type, raw: Any) -> Any:
+    _require(isinstance(raw, dict), name, raw, "a section must be a mapping")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in sorted(set(raw) - known):
+        raise ConfigError(f"{name}.{key}={raw[key]!r}: unknown key; known keys: {sorted(known)}")
+    kwargs = {k: _coerce(f"{name}.{k}", v, hints[k]) for k, v in raw.items()}
+    return cls(**kwargs)
+
+
+def config_from_dict(raw: dict[str, Any] | None) -> RelayGRConfig:
+    """Build a validated config from a plain mapping (as parsed from YAML)."""
+    raw = raw or {}
+    _require(isinstance(raw, dict), "<root>", raw, "a config must be a mapping of sections")
+    hints = typing.get_type_hints(RelayGRConfig)
+    for name in sorted(set(raw) - set(hints)):
+        raise ConfigError(f"{name}: unknown section; known sections: {sorted(hints)}")
+    sections = {name: _build_section(name, hints[name], raw.get(name) or {}) for name in hints}
+    return RelayGRConfig(**sections)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `section.key=value` overrides (values parsed as YAML) to a raw config mapping."""
+    out = {k: dict(v or {}) for k, v in raw.items()}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected section.key=value")
+        path, text = item.split("=", 1)
+        parts = path.strip().split(".")
+        if len(parts) != 2 or not all(parts):
+            raise ConfigError(f"override {item!r}: expected section.key=value")
+        section, key = parts
+        out.setdefault(section, {})[key] = yaml.safe_load(text)
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RelayGRConfig:
+    """Load a YAML config (or the defaults when `path` is None) and apply dotted overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+        _require(isinstance(raw, dict), str(path), type(raw).__name__, "must hold a mapping")
+    return config_from_dict(apply_overrides(raw, overrides or []))
+
+
+def save_config(config: RelayGRConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML (loadable again with `load_config`)."""
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -1,0 +1,28 @@
+"""One exception hierarchy for the library; `serving/` maps it to HTTP status codes."""
+
+from __future__ import annotations
+
+
+class RelayGRError(Exception):
+    """Base class of every error the library raises on purpose."""
+
+
+class ConfigError(RelayGRError, ValueError):
+    """A config file, section, key or value is invalid."""
+
+
+class InvalidRequest(RelayGRError, ValueError):
+    """Caller input is malformed; `field` names the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class BundleError(RelayGRError):
+    """A serving bundle is missing, incomplete or corrupt."""
+
+
+class Overloaded(RelayGRError):
+    """The instance cannot serve this request within its SLO; retry elsewhere."""

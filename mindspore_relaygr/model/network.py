@@ -1,0 +1,163 @@
+"""The HSTU ranker network and its three graphs (`full`, `prefix`, `candidate`).
+
+All graphs share one `HSTUNet` (the weights) and the prefix/candidate graphs share one `KVPool`.
+`HSTUNet.encode` is the single forward routine: new tokens attend to optional past K/V (a cached
+prefix) and to each other causally; candidates attend to everything before them and to themselves
+only (M-FALCON). Each graph is that routine with different inputs and outputs.
+"""
+
+from __future__ import annotations
+
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore import dtype as mstype
+from mindspore.common.initializer import Normal, initializer
+
+from mindspore_relaygr.config import ModelConfig
+from mindspore_relaygr.model.hstu import HSTULayer, RelativeBias, pointwise_attention, query_blocks, take
+from mindspore_relaygr.model.pool import KVPool
+
+
+class HSTUNet(nn.Cell):
+    """Embeddings, HSTU layers, the shared relative bias and the multi-task head."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.item_table = Parameter(initializer(Normal(0.02), (cfg.num_items + 1, d), mstype.float32),
+                                    name="item_table")
+        # Two extra actions: the user/context token and "candidate".
+        self.action_table = Parameter(initializer(Normal(0.02), (cfg.num_actions + 2, d), mstype.float32),
+                                      name="action_table")
+        self.user_table = Parameter(
+            initializer(Normal(0.02), (max(1, sum(cfg.user_feature_sizes)), d), mstype.float32),
+            name="user_table")
+        self.layers = nn.CellList([HSTULayer(cfg) for _ in range(cfg.num_layers)])
+        self.rab = RelativeBias(cfg)
+        self.final_norm = nn.LayerNorm((d,))
+        self.head = nn.Dense(d, len(cfg.task_names), weight_init=Normal(0.02))
+        self.inv_norm = 1.0 / cfg.max_seq_len  # constant N_norm (see ModelConfig.max_seq_len)
+        self.block_len = cfg.attention_block_len
+        self.candidate_action = cfg.num_actions + 1
+
+    def embed(self, item_ids: Tensor, action_ids: Tensor) -> Tensor:
+        return ops.gather(self.item_table, item_ids, 0) + ops.gather(self.action_table, action_ids, 0)
+
+    def add_user_token(self, x: Tensor, user_feats: Tensor, user_row: Tensor) -> Tensor:
+        """Add the summed user-feature embeddings to the rows where user_row == 1."""
+        user = ops.sum(ops.gather(self.user_table, user_feats, 0), 0, keepdim=True)
+        return x + ops.expand_dims(user_row, 1) * user
+
+    def embed_candidates(self, cand_ids: Tensor) -> Tensor:
+        action = take(self.action_table, self.candidate_action, self.candidate_action + 1)
+        return ops.gather(self.item_table, cand_ids, 0) + action
+
+    def logits(self, cand_hidden: Tensor) -> Tensor:
+        return self.head(self.final_norm(cand_hidden))
+
+    def encode(self, x, meta, past, cand, cand_meta):
+        """Run all layers.
+
+        x [n, d] new tokens; meta = (pos [n] int32, time hi [n], time lo [n], valid [n] bool).
+        past = None or (K [L, h, P, dqk], V [L, h, P, dv], pos [P], hi [P], lo [P], valid [P]).
+        cand = None or [M, d]; cand_meta = (pos [1], hi [1], lo [1]): all candidates share them.
+        Returns (new K per layer [h, n, dqk], new V per layer [h, n, dv], candidate hidden or None).
+        """
+        keys_meta = meta
+        num_past = 0
+        if past is not None:
+            num_past = past[2].shape[0]
+            keys_meta = tuple(ops.concat((past[2 + i], meta[i])) for i in range(4))
+        blocks = query_blocks(x.shape[0], self.block_len)
+        # Bias is built once per request and reused by every layer; candidates share one row.
+        block_bias = ()
+        for s, e in blocks:
+            end = num_past + e  # causal: keys after a block's last row are never visible
+            q_meta = tuple(take(m, s, e) for m in meta[:3])
+            k_meta = tuple(take(m, 0, end) for m in keys_meta)
+            block_bias += (self.rab.gather(self.rab.index(*q_meta, *k_meta)),)
+        cand_bias = None
+        if cand is not None:
+            cand_bias = self.rab.gather(self.rab.index(*cand_meta, *keys_meta))
+        self_bias = self.rab.self_bias()  # [h, 1]
+
+        new_keys, new_values = (), ()
+        last = len(self.layers) - 1
+        for layer_id, layer in enumerate(self.layers):
+            u, v, q, k = layer.project(x)
+            new_keys += (k,)
+            new_values += (v,)
+            k_all, v_all = k, v
+            if past is not None:
+                k_all = ops.concat((ops.squeeze(take(past[0], layer_id, layer_id + 1), 0), k), axis=1)
+                v_all = ops.concat((ops.squeeze(take(past[1], layer_id, layer_id + 1), 0), v), axis=1)
+            if cand is not None:
+                uc, vc, qc, kc = layer.project(cand)
+                av_c = pointwise_attention(qc, k_all, v_all, cand_bias, self.inv_norm)
+                # M-FALCON: each candidate also sees itself (and no other candidate).
+                self_attn = ops.silu(ops.sum(qc * kc, -1) + self_bias)  # [h, M]
+                av_c = av_c + ops.expand_dims(self_attn, -1) * vc * self.inv_norm
+                cand = layer.finish(cand, av_c, uc)
+            if layer_id < last:  # the last layer's token outputs feed nothing: only its K/V are used
+                av = ()
+                for b, (s, e) in enumerate(blocks):
+                    end = num_past + e
+                    av += (pointwise_attention(take(q, s, e, 1), take(k_all, 0, end, 1), take(v_all, 0, end, 1),
+                                               block_bias[b], self.inv_norm),)
+                x = layer.finish(x, ops.concat(av, axis=1) if len(av) > 1 else av[0], u)
+        return new_keys, new_values, cand
+
+
+class FullGraph(nn.Cell):
+    """All tokens -> candidate logits (training, reference and the baseline serving path)."""
+
+    def __init__(self, net: HSTUNet) -> None:
+        super().__init__()
+        self.net = net
+
+    def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid,
+                  cand_ids, cand_pos, cand_hi, cand_lo):
+        x = self.net.add_user_token(self.net.embed(item_ids, action_ids), user_feats, user_row)
+        cand = self.net.embed_candidates(cand_ids)
+        _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), None, cand, (cand_pos, cand_hi, cand_lo))
+        return self.net.logits(hidden)
+
+
+def _read_past(pool: KVPool, kv_ids, time_ids, past_pos, past_valid):
+    keys, values, hi, lo = pool.read(kv_ids, time_ids)
+    return keys, values, past_pos, hi, lo, past_valid
+
+
+class PrefixGraph(nn.Cell):
+    """Prefix tokens (optionally extending a slot's cached tokens) -> K/V written in place."""
+
+    def __init__(self, net: HSTUNet, pool: KVPool, with_past: bool) -> None:
+        super().__init__()
+        self.net, self.pool, self.with_past = net, pool, with_past
+
+    def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid,
+                  write_kv_ids, write_time_ids, past_kv_ids, past_time_ids, past_pos, past_valid):
+        x = self.net.add_user_token(self.net.embed(item_ids, action_ids), user_feats, user_row)
+        past = None
+        if self.with_past:
+            past = _read_past(self.pool, past_kv_ids, past_time_ids, past_pos, past_valid)
+        keys, values, _ = self.net.encode(x, (pos, hi, lo, valid), past, None, None)
+        width_k, width_v = keys[0].shape[-1], values[0].shape[-1]
+        done = self.pool.write(write_kv_ids, write_time_ids, ops.reshape(ops.stack(keys), (-1, width_k)),
+                               ops.reshape(ops.stack(values), (-1, width_v)), hi, lo)
+        return ops.depend(ops.reduce_sum(ops.cast(valid, mstype.int32)), done)
+
+
+class CandidateGraph(nn.Cell):
+    """A cached slot + short-term suffix tokens + candidates -> candidate logits."""
+
+    def __init__(self, net: HSTUNet, pool: KVPool) -> None:
+        super().__init__()
+        self.net, self.pool = net, pool
+
+    def construct(self, item_ids, action_ids, pos, hi, lo, valid, past_kv_ids, past_time_ids, past_pos,
+                  past_valid, cand_ids, cand_pos, cand_hi, cand_lo):
+        x = self.net.embed(item_ids, action_ids)
+        cand = self.net.embed_candidates(cand_ids)
+        past = _read_past(self.pool, past_kv_ids, past_time_ids, past_pos, past_valid)
+        _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo))
+        return self.net.logits(hidden)

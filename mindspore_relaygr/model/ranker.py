@@ -1,0 +1,272 @@
+"""`RelayGRModel`: the public face of the ranker (validation, bucketing, graph calls, checkpoints).
+
+Paired paths, as in generative-recommenders: `rank_full` scores from the whole history; `prefill`
+caches a prefix's per-layer K/V in a pool slot and `rank_cached` scores from that slot plus the
+short-term suffix. Invariant R1: rank_cached(prefill(x)) == rank_full(x) to fp32 tolerance.
+Lengths (`start`, `prefix_len`) count events; the optional user token is handled inside.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mindspore_relaygr.config import RelayGRConfig
+from mindspore_relaygr.errors import InvalidRequest
+from mindspore_relaygr.model.inputs import (
+    History,
+    TokenBatch,
+    bucket_for,
+    layout_tokens,
+    split_timestamps,
+    user_offsets,
+    validate_candidates,
+    validate_history,
+)
+from mindspore_relaygr.model.pool import PoolLayout
+from mindspore_relaygr.runtime import configure_context
+
+logger = logging.getLogger(__name__)
+
+GRAPH_KINDS = ("full", "prefix", "candidate")
+HistoryLike = Mapping[str, Any] | History
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return (1.0 / (1.0 + np.exp(-x))).astype(np.float32)
+
+
+class RelayGRModel:
+    """HSTU ranker with a full path and a cached-prefix path over a device KV pool."""
+
+    def __init__(self, config: RelayGRConfig) -> None:
+        configure_context(config.context)
+        import mindspore as ms
+
+        from mindspore_relaygr.model.network import CandidateGraph, FullGraph, HSTUNet, PrefixGraph
+        from mindspore_relaygr.model.pool import KVPool
+
+        self.config = config
+        self.cfg = config.model
+        ms.set_seed(self.cfg.seed)
+        self.layout = PoolLayout.from_config(config.model, config.cache)
+        self.net = HSTUNet(self.cfg)
+        self.net.set_train(False)
+        self.pool = KVPool(self.layout)
+        self._graphs = {
+            "full": FullGraph(self.net),
+            "prefix": PrefixGraph(self.net, self.pool, with_past=False),
+            "extend": PrefixGraph(self.net, self.pool, with_past=True),
+            "candidate": CandidateGraph(self.net, self.pool),
+        }
+        self.prefix_buckets = [b for b in self.cfg.len_buckets if b <= self.layout.slot_len]
+        self._user_offsets = user_offsets(self.cfg) if self.cfg.has_user_token else np.zeros(1, np.int32)
+        self._user_tokens = 1 if self.cfg.has_user_token else 0
+        self._context_action = self.cfg.num_actions
+        self._slot_times: dict[int, np.ndarray] = {}  # host mirror: timestamps of each slot's tokens
+        self._tensor = ms.Tensor
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def num_slots(self) -> int:
+        return self.layout.num_slots
+
+    @property
+    def version(self) -> str:
+        return self.cfg.version
+
+    def rank_full(self, history: HistoryLike, candidate_ids: Any) -> np.ndarray:
+        """Scores [M, num_tasks] (probabilities) of the candidates after the whole history."""
+        hist = validate_history(self.cfg, history)
+        cands = validate_candidates(self.cfg, candidate_ids)
+        num_tokens = len(hist) + self._user_tokens
+        if num_tokens > self.cfg.max_seq_len:
+            raise InvalidRequest("history", f"{len(hist)} events exceed the maximum "
+                                            f"{self.cfg.max_seq_len - self._user_tokens}")
+        bucket = bucket_for(num_tokens, self.cfg.len_buckets, "history")
+        tokens = self._tokens(hist, 0, bucket)
+        cand_args = self._candidate_args(cands, num_tokens, self._last_time(hist.timestamps, None))
+        logits = self._call("full", *self._token_args(tokens, hist), *cand_args)
+        return _sigmoid(logits[: len(cands)])
+
+    def prefill(self, slot: int, history: HistoryLike, start: int = 0) -> int:
+        """Cache events [start, n) of `history` in `slot`, which must already hold events [0, start).
+
+        Returns the number of events the slot holds afterwards (n).
+        """
+        self.layout.check_slot(slot)
+        hist = validate_history(self.cfg, history, "prefix_history")
+        if not 0 <= start <= len(hist):
+            raise InvalidRequest("start", f"{start} is outside [0, {len(hist)}]")
+        start_tok = start + self._user_tokens if start > 0 else 0
+        if start > 0 and self.slot_events(slot) < start:
+            raise InvalidRequest("start", f"slot {slot} holds {self.slot_events(slot)} events, "
+                                          f"cannot extend from {start}")
+        end_tok = len(hist) + self._user_tokens
+        if end_tok > self.layout.slot_len:
+            raise InvalidRequest("prefix_history", f"{len(hist)} events exceed the slot capacity "
+                                                   f"{self.layout.slot_len - self._user_tokens}")
+        if end_tok == start_tok:
+            return len(hist)
+        bucket = bucket_for(end_tok - start_tok, self.prefix_buckets, "prefix_history")
+        tokens = self._tokens(hist, start, bucket)
+        write_ids = self.layout.write_ids(slot, start_tok, tokens.num_valid, bucket)
+        if start_tok == 0:
+            self._call("prefix", *self._token_args(tokens, hist), *write_ids, *_no_past())
+        else:
+            past_bucket = bucket_for(start_tok, self.prefix_buckets, "start")
+            past = self._past_args(slot, start_tok, past_bucket)
+            self._call("extend", *self._token_args(tokens, hist), *write_ids, *past)
+        cached = self._slot_times.get(slot, np.zeros(0, np.int64))[:start_tok]
+        self._slot_times[slot] = np.concatenate([cached, self._token_times(hist)[start_tok:]])
+        return len(hist)
+
+    def rank_cached(self, slot: int, prefix_len: int, suffix_history: HistoryLike,
+                    candidate_ids: Any) -> np.ndarray:
+        """Scores [M, num_tasks] from `slot` (holding `prefix_len` events) + suffix + candidates."""
+        self.layout.check_slot(slot)
+        held = self.slot_events(slot)
+        if not isinstance(prefix_len, (int, np.integer)) or not 0 < prefix_len <= held:
+            raise InvalidRequest("prefix_len", f"{prefix_len!r} must be in [1, {held}] "
+                                               f"(events held by slot {slot})")
+        suffix = validate_history(self.cfg, suffix_history, "suffix_history")
+        cands = validate_candidates(self.cfg, candidate_ids)
+        prefix_tok = prefix_len + self._user_tokens
+        if len(suffix) > self.cfg.max_suffix_len or prefix_tok + len(suffix) > self.cfg.max_seq_len:
+            raise InvalidRequest("suffix_history", f"{len(suffix)} events exceed the suffix limit "
+                                 f"{min(self.cfg.max_suffix_len, self.cfg.max_seq_len - prefix_tok)}")
+        past_bucket = bucket_for(prefix_tok, self.prefix_buckets, "prefix_len")
+        suffix_bucket = bucket_for(len(suffix), self.cfg.suffix_buckets, "suffix_history")
+        tokens = layout_tokens(self.cfg, suffix, 0, False, prefix_tok, suffix_bucket, self._context_action)
+        last_time = self._last_time(suffix.timestamps, self._slot_times[slot][prefix_tok - 1])
+        cand_args = self._candidate_args(cands, prefix_tok + len(suffix), last_time)
+        logits = self._call("candidate", *self._suffix_args(tokens), *self._past_args(slot, prefix_tok, past_bucket),
+                            *cand_args)
+        return _sigmoid(logits[: len(cands)])
+
+    def slot_events(self, slot: int) -> int:
+        """Events cached in `slot` by `prefill` (0 if never written)."""
+        held = len(self._slot_times.get(slot, ()))
+        return max(0, held - self._user_tokens)
+
+    def release_slot(self, slot: int) -> None:
+        """Forget what `slot` holds (its rows are overwritten by the next prefill)."""
+        self._slot_times.pop(slot, None)
+
+    def warmup(self, graphs: Sequence[str] = GRAPH_KINDS) -> dict[str, Any]:
+        """Compile every bucket of the chosen graphs now, so no request pays for a compile."""
+        unknown = set(graphs) - set(GRAPH_KINDS)
+        if unknown:
+            raise ValueError(f"graphs={sorted(unknown)}: unknown; choose from {GRAPH_KINDS}")
+        t0, count = time.perf_counter(), 0
+        for kind in graphs:
+            for shape in self.graph_shapes(kind):
+                self._run_dummy(kind, shape)
+                count += 1
+        seconds = time.perf_counter() - t0
+        logger.info("warm-up compiled %d graph shapes in %.1f s", count, seconds)
+        return {"graphs": count, "seconds": seconds}
+
+    def graph_shapes(self, kind: str) -> list[tuple[int, ...]]:
+        """Static shapes a graph kind is compiled for: (tokens, candidates), (past, chunk), ..."""
+        cfg, pb = self.cfg, self.prefix_buckets
+        if kind == "full":
+            return [(n, m) for n in cfg.len_buckets for m in cfg.candidate_buckets]
+        if kind == "prefix":
+            prev = dict(zip(pb, [0] + pb[:-1], strict=True))
+            # (0, chunk) starts a slot; (past, chunk) extends one if both can hold >= 1 new token.
+            return [(0, c) for c in pb] + [(p, c) for p in pb[:-1] for c in pb
+                                           if prev[p] + 1 + prev[c] + 1 <= self.layout.slot_len]
+        if kind == "candidate":
+            return [(p, s, m) for p in pb for s in cfg.suffix_buckets for m in cfg.candidate_buckets]
+        raise ValueError(f"kind={kind!r}: unknown graph kind")
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        import mindspore as ms
+
+        ms.save_checkpoint(self.net, str(path))
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Load weights saved by `save_checkpoint`; every network parameter must be present."""
+        import mindspore as ms
+
+        params = ms.load_checkpoint(str(path))
+        missing, _ = ms.load_param_into_net(self.net, params, strict_load=True)
+        if missing:
+            raise ValueError(f"checkpoint {path} lacks parameters {missing[:5]}")
+
+    # ------------------------------------------------------------------ internals
+    def _call(self, kind: str, *arrays: np.ndarray) -> np.ndarray:
+        out = self._graphs[kind](*(self._tensor(a) for a in arrays))
+        return out.asnumpy()
+
+    def _token_times(self, hist: History) -> np.ndarray:
+        head = hist.timestamps[:1] if len(hist) else np.zeros(1, np.int64)
+        return np.concatenate([head, hist.timestamps]) if self._user_tokens else hist.timestamps
+
+    def _tokens(self, hist: History, start: int, bucket: int) -> TokenBatch:
+        with_user = self._user_tokens == 1 and start == 0
+        first_pos = start + self._user_tokens if start > 0 else 0
+        return layout_tokens(self.cfg, hist, start, with_user, first_pos, bucket, self._context_action)
+
+    def _token_args(self, tokens: TokenBatch, hist: History) -> tuple[np.ndarray, ...]:
+        feats = self._user_offsets
+        if hist.user_features is not None:
+            feats = (hist.user_features + self._user_offsets).astype(np.int32)
+        return (tokens.item_ids, tokens.action_ids, feats, tokens.user_row, tokens.positions,
+                tokens.times[:, 0].copy(), tokens.times[:, 1].copy(), tokens.valid)
+
+    @staticmethod
+    def _suffix_args(tokens: TokenBatch) -> tuple[np.ndarray, ...]:
+        return (tokens.item_ids, tokens.action_ids, tokens.positions, tokens.times[:, 0].copy(),
+                tokens.times[:, 1].copy(), tokens.valid)
+
+    def _past_args(self, slot: int, num_tokens: int, bucket: int) -> tuple[np.ndarray, ...]:
+        kv_ids, time_ids = self.layout.read_ids(slot, bucket)
+        return kv_ids, time_ids, np.arange(bucket, dtype=np.int32), np.arange(bucket) < num_tokens
+
+    def _candidate_args(self, cands: np.ndarray, position: int, last_time: int) -> tuple[np.ndarray, ...]:
+        """Padded candidate ids and the one (position, time) all candidates share."""
+        bucket = bucket_for(len(cands), self.cfg.candidate_buckets, "candidate_ids")
+        ids = np.pad(cands, (0, bucket - len(cands)), constant_values=cands[0]).astype(np.int32)
+        hi, lo = split_timestamps(np.array([last_time]))[0]
+        return ids, np.array([position], np.int32), np.array([hi], np.float32), np.array([lo], np.float32)
+
+    @staticmethod
+    def _last_time(timestamps: np.ndarray, fallback: Any) -> int:
+        if len(timestamps):
+            return int(timestamps[-1])
+        return int(fallback) if fallback is not None else 0
+
+    def _run_dummy(self, kind: str, shape: tuple[int, ...]) -> None:
+        """Call a graph once with all-padding inputs; writes go to the scratch rows only."""
+        cfg = self.cfg
+        hist = History(np.ones(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
+                       np.zeros(len(cfg.user_feature_sizes), np.int32) if cfg.has_user_token else None)
+        if kind == "full":
+            n, m = shape
+            cand = self._candidate_args(np.ones(m, np.int32), 1, 0)
+            self._call("full", *self._token_args(self._tokens(hist, 0, n), hist), *cand)
+        elif kind == "prefix":
+            past, chunk = shape
+            write_ids = self.layout.write_ids(0, 0, 0, chunk)  # count 0: scratch rows only
+            args = self._token_args(self._tokens(hist, 0, chunk), hist)
+            if past == 0:
+                self._call("prefix", *args, *write_ids, *_no_past())
+            else:
+                self._call("extend", *args, *write_ids, *self._past_args(0, 0, past))
+        else:
+            past, suffix, m = shape
+            tokens = self._tokens(hist, 0, suffix)
+            cand = self._candidate_args(np.ones(m, np.int32), 1, 0)
+            self._call("candidate", *self._suffix_args(tokens), *self._past_args(0, 0, past), *cand)
+
+
+def _no_past() -> tuple[np.ndarray, ...]:
+    """Placeholder past inputs of the prefix graph that starts a slot (never read)."""
+    return np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.bool_)

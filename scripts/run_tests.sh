@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Run the whole test suite (slow tests included) in the project venv.
+# Usage: bash scripts/run_tests.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup_env.sh
+"$RELAYGR_PY" -m ruff check mindspore_relaygr serving tests scripts
+set +e
+"$RELAYGR_PY" -m pytest -q -p no:cacheprovider --timeout=1800 "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: treating as a failure" >&2
+  exit 1
+fi
+exit "$rc"

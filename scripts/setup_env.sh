@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Create or update the project's virtualenv and install this checkout into it.
+# Usage: source scripts/setup_env.sh      (sets RELAYGR_PY to the venv's python)
+# The venv lives outside the checkout (RELAYGR_VENV, default ~/.cache/mindspore-relaygr/venv-py311)
+# so fresh clones reuse the ~2.5 GB MindSpore install; it is rebuilt when requirements.txt changes.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${RELAYGR_VENV:-$HOME/.cache/mindspore-relaygr/venv-py311}"
+python="${PYTHON:-python3.11}"
+command -v "$python" >/dev/null 2>&1 || python=python3
+stamp="$venv/.requirements.sha256"
+want="$(sha256sum "$repo/requirements.txt" | cut -d' ' -f1)"
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] creating/updating venv at $venv (first run downloads MindSpore, ~800 MB)"
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install --quiet --upgrade pip wheel
+  "$venv/bin/pip" install --quiet --progress-bar off -r "$repo/requirements.txt"
+  echo "$want" > "$stamp"
+fi
+# recbole ships the ML-100K files we train on; --no-deps keeps torch out (we never import it).
+if ! "$venv/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('recbole') is None)"; then
+  echo "[setup] installing recbole==1.2.1 (data files only, --no-deps)"
+  "$venv/bin/pip" install --quiet --no-deps recbole==1.2.1
+fi
+"$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e "$repo" >/dev/null
+export RELAYGR_PY="$venv/bin/python"
+export PATH="$venv/bin:$PATH"
+export GLOG_v="${GLOG_v:-3}"
+echo "[setup] ready: $("$RELAYGR_PY" --version), $("$RELAYGR_PY" -c 'import mindspore; print("MindSpore", mindspore.__version__)' 2>/dev/null)"

@@ -1,0 +1,40 @@
+"""Shared fixtures: configs and (module-scoped, since graphs compile once per shape) tiny models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("GLOG_v", "3")
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+
+
+@pytest.fixture(scope="session")
+def tiny_config_path() -> Path:
+    return CONFIGS / "tiny.yaml"
+
+
+def random_history(rng: np.random.Generator, n: int, num_items: int = 200, num_actions: int = 4,
+                   user_features: list[int] | None = None) -> dict[str, np.ndarray]:
+    """A chronological history of n events (timestamps spread over ~3 years, with repeats)."""
+    gaps = rng.choice([0, 1, 5, 60, 3600, 86400, 86400 * 30], size=n)
+    hist = {
+        "item_ids": rng.integers(1, num_items + 1, n),
+        "action_ids": rng.integers(0, num_actions, n),
+        "timestamps": 1_600_000_000 + np.cumsum(gaps),
+    }
+    if user_features is not None:
+        hist["user_features"] = np.asarray(user_features)
+    return hist
+
+
+def split_history(hist: dict[str, np.ndarray], k: int) -> tuple[dict, dict]:
+    """(events [0, k) with the user features, events [k, n))."""
+    pre = {key: (v if key == "user_features" else v[:k]) for key, v in hist.items()}
+    suf = {key: v[k:] for key, v in hist.items() if key != "user_features"}
+    return pre, suf
