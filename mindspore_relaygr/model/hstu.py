@@ -21,6 +21,15 @@ TIME_HI_UNIT = float(inputs.TIME_HI_UNIT)
 MASKED_BIAS = -1.0e9  # SiLU(x - 1e9) is exactly 0 in fp32: masked pairs contribute nothing
 
 
+def time_thresholds(num_buckets: int, scale: float) -> np.ndarray:
+    """Smallest fp32 dt of each time bucket k >= 1: bucket(dt) = #{k: dt >= thr_k} ~ floor(log1p(dt) * scale).
+
+    Buckets are defined by these exact thresholds (not by a log kernel) so every path agrees bit-wise.
+    """
+    bounds = np.expm1(np.arange(1, num_buckets, dtype=np.float64) / scale)
+    return np.nextafter(bounds.astype(np.float32), np.float32(np.inf)).astype(np.float32)
+
+
 def position_buckets(num_buckets: int, max_seq_len: int) -> np.ndarray:
     """Bucket of every distance 0..max_seq_len: exact for small distances, log-spaced beyond."""
     exact = num_buckets // 2
@@ -42,17 +51,43 @@ class RelativeBias(nn.Cell):
         super().__init__()
         self.num_heads = cfg.num_heads
         self.num_pos = cfg.num_pos_buckets
-        self.max_time_bucket = cfg.num_time_buckets - 1
-        self.time_scale = cfg.time_bucket_scale
         self.max_rel = cfg.max_seq_len
         self.mask_index = cfg.num_pos_buckets * cfg.num_time_buckets
         self.pos_lut = Tensor(position_buckets(cfg.num_pos_buckets, cfg.max_seq_len))
+        thresholds = time_thresholds(cfg.num_time_buckets, cfg.time_bucket_scale)
+        self.time_bounds = [float(t) for t in thresholds]
+        # Fused kernel form: 0, the thresholds, +inf (so bucket +-1 lookups never leave the array).
+        self.fused_thresholds = Tensor(np.concatenate([[0.0], thresholds, [np.inf]]).astype(np.float32))
         self.table = Parameter(
             initializer(Normal(0.02), (cfg.num_heads, self.mask_index), mstype.float32), name="rab_table"
         )
         self.mask_column = Tensor(np.full((cfg.num_heads, 1), MASKED_BIAS, np.float32))
         offsets = np.arange(cfg.num_heads, dtype=np.int32) * (self.mask_index + 1)
         self.head_offsets = Tensor(offsets.reshape(-1, 1, 1))
+        params = [cfg.num_pos_buckets, cfg.time_bucket_scale, self.mask_index]
+        self.fused_params = Tensor(np.array(params, np.float32))
+        self.fused_index_op = None
+        self.fused_weights_op = None
+
+    def enable_fused(self, fused_ops) -> None:
+        """Attach the fused CPU kernels (model/kernels.py); graphs built with fused=True use them."""
+        self.fused_index_op = fused_ops.rab_index
+        self.fused_weights_op = fused_ops.bias_silu
+
+    def prepare(self, fused: bool, q_meta: tuple, k_meta: tuple) -> Tensor:
+        """Per-request bias state of one query block, reused by every layer.
+
+        Reference path: the bias values [h, B, K]. Fused path: the bucket indices [B, K].
+        """
+        if fused:
+            return self.fused_index_op(*q_meta[:3], *k_meta, self.pos_lut, self.fused_thresholds, self.fused_params)
+        return self.gather(self.index(*q_meta, *k_meta))
+
+    def weights(self, fused: bool, scores: Tensor, prepared: Tensor) -> Tensor:
+        """SiLU(scores + rab) for one query block, scores [h, B, K]."""
+        if fused:
+            return self.fused_weights_op(scores, prepared, ops.concat((self.table, self.mask_column), axis=1))
+        return ops.silu(scores + prepared)
 
     def index(self, q_pos: Tensor, q_hi: Tensor, q_lo: Tensor, k_pos: Tensor, k_hi: Tensor, k_lo: Tensor,
               k_valid: Tensor) -> Tensor:
@@ -62,7 +97,7 @@ class RelativeBias(nn.Cell):
         hi = ops.expand_dims(q_hi, 1) - ops.expand_dims(k_hi, 0)
         lo = ops.expand_dims(q_lo, 1) - ops.expand_dims(k_lo, 0)
         dt = ops.abs(hi * TIME_HI_UNIT + lo)
-        time_bucket = ops.minimum(ops.cast(ops.log1p(dt) * self.time_scale, mstype.int32), self.max_time_bucket)
+        time_bucket = ops.bucketize(dt, self.time_bounds, right=True)
         visible = ops.logical_and(ops.expand_dims(k_valid, 0), rel >= 0)
         idx = time_bucket * self.num_pos + pos_bucket
         return ops.select(visible, idx, ops.full_like(idx, self.mask_index))
@@ -106,9 +141,10 @@ class HSTULayer(nn.Cell):
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """x [n, d] -> u [n, h*dv], v [h, n, dv], q [h, n, dqk] (pre-scaled), k [h, n, dqk]."""
         u = ops.silu(self.w_u(x))
-        v = ops.silu(ops.matmul(x, self.w_v) + self.b_v)
-        q = ops.silu(ops.matmul(x, self.w_q) + self.b_q) * self.q_scale
-        k = ops.silu(ops.matmul(x, self.w_k) + self.b_k)
+        xb = ops.broadcast_to(ops.expand_dims(x, 0), (self.num_heads,) + x.shape)  # once, not per matmul
+        v = ops.silu(ops.bmm(xb, self.w_v) + self.b_v)
+        q = ops.silu(ops.bmm(xb, self.w_q) + self.b_q) * self.q_scale
+        k = ops.silu(ops.bmm(xb, self.w_k) + self.b_k)
         return u, v, q, k
 
     def finish(self, x: Tensor, av: Tensor, u: Tensor) -> Tensor:
@@ -121,9 +157,10 @@ class HSTULayer(nn.Cell):
 _bmm_nt = ops.BatchMatMul(transpose_b=True)
 
 
-def pointwise_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, inv_norm: float) -> Tensor:
-    """SiLU(q k^T + bias) v / N_norm for one query block: [h,B,dqk] x [h,K,dqk] -> [h,B,dv]."""
-    return ops.bmm(ops.silu(_bmm_nt(q, k) + bias), v) * inv_norm
+def pointwise_attention(rab: RelativeBias, fused: bool, q: Tensor, k: Tensor, v: Tensor, prepared: Tensor,
+                        inv_norm: float) -> Tensor:
+    """SiLU(q k^T + rab) v / N_norm for one query block: [h,B,dqk] x [h,K,dqk] -> [h,B,dv]."""
+    return ops.bmm(rab.weights(fused, _bmm_nt(q, k), prepared), v) * inv_norm
 
 
 def take(x: Tensor, start: int, stop: int, axis: int = 0) -> Tensor:

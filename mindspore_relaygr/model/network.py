@@ -54,12 +54,13 @@ class HSTUNet(nn.Cell):
     def logits(self, cand_hidden: Tensor) -> Tensor:
         return self.head(self.final_norm(cand_hidden))
 
-    def encode(self, x, meta, past, cand, cand_meta):
+    def encode(self, x, meta, past, cand, cand_meta, fused):
         """Run all layers.
 
         x [n, d] new tokens; meta = (pos [n] int32, time hi [n], time lo [n], valid [n] bool).
         past = None or (K [L, h, P, dqk], V [L, h, P, dv], pos [P], hi [P], lo [P], valid [P]).
         cand = None or [M, d]; cand_meta = (pos [1], hi [1], lo [1]): all candidates share them.
+        fused (a constant) picks the fused CPU kernels or the reference ops for the pointwise part.
         Returns (new K per layer [h, n, dqk], new V per layer [h, n, dv], candidate hidden or None).
         """
         keys_meta = meta
@@ -74,10 +75,10 @@ class HSTUNet(nn.Cell):
             end = num_past + e  # causal: keys after a block's last row are never visible
             q_meta = tuple(take(m, s, e) for m in meta[:3])
             k_meta = tuple(take(m, 0, end) for m in keys_meta)
-            block_bias += (self.rab.gather(self.rab.index(*q_meta, *k_meta)),)
+            block_bias += (self.rab.prepare(fused, q_meta, k_meta),)
         cand_bias = None
         if cand is not None:
-            cand_bias = self.rab.gather(self.rab.index(*cand_meta, *keys_meta))
+            cand_bias = self.rab.prepare(fused, cand_meta, keys_meta)
         self_bias = self.rab.self_bias()  # [h, 1]
 
         new_keys, new_values = (), ()
@@ -92,7 +93,7 @@ class HSTUNet(nn.Cell):
                 v_all = ops.concat((ops.squeeze(take(past[1], layer_id, layer_id + 1), 0), v), axis=1)
             if cand is not None:
                 uc, vc, qc, kc = layer.project(cand)
-                av_c = pointwise_attention(qc, k_all, v_all, cand_bias, self.inv_norm)
+                av_c = pointwise_attention(self.rab, fused, qc, k_all, v_all, cand_bias, self.inv_norm)
                 # M-FALCON: each candidate also sees itself (and no other candidate).
                 self_attn = ops.silu(ops.sum(qc * kc, -1) + self_bias)  # [h, M]
                 av_c = av_c + ops.expand_dims(self_attn, -1) * vc * self.inv_norm
@@ -101,8 +102,8 @@ class HSTUNet(nn.Cell):
                 av = ()
                 for b, (s, e) in enumerate(blocks):
                     end = num_past + e
-                    av += (pointwise_attention(take(q, s, e, 1), take(k_all, 0, end, 1), take(v_all, 0, end, 1),
-                                               block_bias[b], self.inv_norm),)
+                    av += (pointwise_attention(self.rab, fused, take(q, s, e, 1), take(k_all, 0, end, 1),
+                                               take(v_all, 0, end, 1), block_bias[b], self.inv_norm),)
                 x = layer.finish(x, ops.concat(av, axis=1) if len(av) > 1 else av[0], u)
         return new_keys, new_values, cand
 
@@ -110,15 +111,16 @@ class HSTUNet(nn.Cell):
 class FullGraph(nn.Cell):
     """All tokens -> candidate logits (training, reference and the baseline serving path)."""
 
-    def __init__(self, net: HSTUNet) -> None:
+    def __init__(self, net: HSTUNet, fused: bool = False) -> None:
         super().__init__()
-        self.net = net
+        self.net, self.fused = net, fused
 
     def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid,
                   cand_ids, cand_pos, cand_hi, cand_lo):
         x = self.net.add_user_token(self.net.embed(item_ids, action_ids), user_feats, user_row)
         cand = self.net.embed_candidates(cand_ids)
-        _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), None, cand, (cand_pos, cand_hi, cand_lo))
+        _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), None, cand, (cand_pos, cand_hi, cand_lo),
+                                       self.fused)
         return self.net.logits(hidden)
 
 
@@ -130,9 +132,9 @@ def _read_past(pool: KVPool, kv_ids, time_ids, past_pos, past_valid):
 class PrefixGraph(nn.Cell):
     """Prefix tokens (optionally extending a slot's cached tokens) -> K/V written in place."""
 
-    def __init__(self, net: HSTUNet, pool: KVPool, with_past: bool) -> None:
+    def __init__(self, net: HSTUNet, pool: KVPool, with_past: bool, fused: bool = False) -> None:
         super().__init__()
-        self.net, self.pool, self.with_past = net, pool, with_past
+        self.net, self.pool, self.with_past, self.fused = net, pool, with_past, fused
 
     def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid,
                   write_kv_ids, write_time_ids, past_kv_ids, past_time_ids, past_pos, past_valid):
@@ -140,7 +142,7 @@ class PrefixGraph(nn.Cell):
         past = None
         if self.with_past:
             past = _read_past(self.pool, past_kv_ids, past_time_ids, past_pos, past_valid)
-        keys, values, _ = self.net.encode(x, (pos, hi, lo, valid), past, None, None)
+        keys, values, _ = self.net.encode(x, (pos, hi, lo, valid), past, None, None, self.fused)
         width_k, width_v = keys[0].shape[-1], values[0].shape[-1]
         done = self.pool.write(write_kv_ids, write_time_ids, ops.reshape(ops.stack(keys), (-1, width_k)),
                                ops.reshape(ops.stack(values), (-1, width_v)), hi, lo)
@@ -150,14 +152,15 @@ class PrefixGraph(nn.Cell):
 class CandidateGraph(nn.Cell):
     """A cached slot + short-term suffix tokens + candidates -> candidate logits."""
 
-    def __init__(self, net: HSTUNet, pool: KVPool) -> None:
+    def __init__(self, net: HSTUNet, pool: KVPool, fused: bool = False) -> None:
         super().__init__()
-        self.net, self.pool = net, pool
+        self.net, self.pool, self.fused = net, pool, fused
 
     def construct(self, item_ids, action_ids, pos, hi, lo, valid, past_kv_ids, past_time_ids, past_pos,
                   past_valid, cand_ids, cand_pos, cand_hi, cand_lo):
         x = self.net.embed(item_ids, action_ids)
         cand = self.net.embed_candidates(cand_ids)
         past = _read_past(self.pool, past_kv_ids, past_time_ids, past_pos, past_valid)
-        _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo))
+        _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo),
+                                       self.fused)
         return self.net.logits(hidden)

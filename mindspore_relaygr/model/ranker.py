@@ -58,11 +58,12 @@ class RelayGRModel:
         self.net = HSTUNet(self.cfg)
         self.net.set_train(False)
         self.pool = KVPool(self.layout)
+        self.fused = self._resolve_fused()
         self._graphs = {
-            "full": FullGraph(self.net),
-            "prefix": PrefixGraph(self.net, self.pool, with_past=False),
-            "extend": PrefixGraph(self.net, self.pool, with_past=True),
-            "candidate": CandidateGraph(self.net, self.pool),
+            "full": FullGraph(self.net, self.fused),
+            "prefix": PrefixGraph(self.net, self.pool, with_past=False, fused=self.fused),
+            "extend": PrefixGraph(self.net, self.pool, with_past=True, fused=self.fused),
+            "candidate": CandidateGraph(self.net, self.pool, self.fused),
         }
         self.prefix_buckets = [b for b in self.cfg.len_buckets if b <= self.layout.slot_len]
         self._user_offsets = user_offsets(self.cfg) if self.cfg.has_user_token else np.zeros(1, np.int32)
@@ -201,6 +202,21 @@ class RelayGRModel:
             raise ValueError(f"checkpoint {path} lacks parameters {missing[:5]}")
 
     # ------------------------------------------------------------------ internals
+    def _resolve_fused(self) -> bool:
+        """model.fused_kernels: auto = on for CPU when the kernels build; on = required; off = reference."""
+        mode = self.cfg.fused_kernels
+        if mode == "off" or (mode == "auto" and self.config.context.device_target != "CPU"):
+            return False
+        from mindspore_relaygr.model.kernels import load_fused_ops
+
+        ops = load_fused_ops()
+        if ops is None:
+            if mode == "on":
+                raise RuntimeError("model.fused_kernels=on but the fused CPU kernels could not be built")
+            return False
+        self.net.rab.enable_fused(ops)
+        return True
+
     def _call(self, kind: str, *arrays: np.ndarray) -> np.ndarray:
         out = self._graphs[kind](*(self._tensor(a) for a in arrays))
         return out.asnumpy()

@@ -1,0 +1,91 @@
+"""Build and wrap the fused CPU kernels (mindspore_relaygr/kernels/rab_attention.cc) as ops.Custom.
+
+The shared library is compiled once per machine into a cache directory keyed by the source, the
+compiler and the CPU; if anything fails the model falls back to the reference MindSpore ops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).resolve().parents[1] / "kernels" / "rab_attention.cc"
+# -ffp-contract=off: no fused multiply-add, so time differences round exactly like the reference ops.
+CXX_FLAGS = ["-O3", "-march=native", "-pthread", "-ffp-contract=off", "-fno-trapping-math", "-shared", "-fPIC",
+             "-std=c++17"]
+
+
+def _cache_dir() -> Path:
+    default = Path.home() / ".cache" / "mindspore-relaygr" / "kernels"
+    return Path(os.environ.get("RELAYGR_KERNEL_DIR", default)).expanduser()
+
+
+def _cpu_signature() -> str:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    return platform.machine() + flags
+
+
+def build_library(cxx: str | None = None) -> Path:
+    """Compile the kernels (if not cached) and return the shared library path."""
+    cxx = cxx or os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        raise RuntimeError(f"C++ compiler {cxx!r} not found")
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CXX_FLAGS).encode() + _cpu_signature().encode())
+    target = _cache_dir() / f"rab_attention_{digest.hexdigest()[:16]}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".{os.getpid()}.tmp")
+    cmd = [cxx, *CXX_FLAGS, str(SOURCE), "-o", str(tmp)]
+    logger.info("compiling fused kernels: %s", " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"kernel build failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    os.replace(tmp, target)  # atomic: concurrent builders never load a half-written file
+    return target
+
+
+@dataclass(frozen=True)
+class FusedOps:
+    """The two fused primitives; see rab_attention.cc for their contracts."""
+
+    rab_index: Any  # (q_pos, q_hi, q_lo, k_pos, k_hi, k_lo, k_valid, pos_lut, thresholds, params) -> [B, K]
+    bias_silu: Any  # (scores [H, B, K], idx [B or 1, K], table [H, T]) -> SiLU(scores + bias) [H, B, K]
+
+
+_cached: FusedOps | None = None
+_failed = False
+
+
+def load_fused_ops() -> FusedOps | None:
+    """The fused ops for this process, or None when they cannot be built (reference ops are used)."""
+    global _cached, _failed
+    if _cached is not None or _failed:
+        return _cached
+    try:
+        from mindspore import dtype as mstype
+        from mindspore import ops
+
+        lib = build_library()
+        _cached = FusedOps(
+            rab_index=ops.Custom(f"{lib}:RabIndex", out_shape=lambda qp, *rest: (qp[0], rest[2][0]),
+                                 out_dtype=mstype.int32, func_type="aot"),
+            bias_silu=ops.Custom(f"{lib}:BiasSilu", out_shape=lambda s, i, t: s,
+                                 out_dtype=lambda s, i, t: s, func_type="aot"),
+        )
+    except Exception as exc:  # noqa: BLE001 - any build/load problem means "use the reference ops"
+        _failed = True
+        logger.warning("fused CPU kernels unavailable, using reference ops: %s", exc)
+    return _cached

@@ -1,0 +1,227 @@
+"""Latency model: predicted milliseconds of the full, relay and prefill paths from measured buckets.
+
+Each kind of path is measured on a few shapes (a grid of length / candidate buckets). A prediction
+interpolates piecewise linearly along each axis in turn (tokens first, then suffix, then
+candidates). Along every axis the measured values are first made non-decreasing (running maximum:
+noise never makes a longer request look cheaper), queries below the first bucket take the first
+value, and queries beyond the last bucket extend the last segment's (non-negative) slope.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import operator
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+PROFILE_VERSION = 1
+# Shape of each kind, in the order of a `calibrate` shape tuple and of the predict_* arguments.
+KIND_AXES: dict[str, tuple[str, ...]] = {
+    "full": ("tokens", "candidates"),
+    "relay": ("tokens", "suffix", "candidates"),  # tokens = prefix length
+    "prefill": ("tokens",),
+}
+_INT_FIELDS = ("tokens", "candidates", "suffix")
+
+
+@dataclass(frozen=True)
+class LatencyPoint:
+    """One measured shape: `kind` in KIND_AXES; fields outside the kind's axes must be 0."""
+
+    kind: str
+    tokens: int
+    candidates: int
+    suffix: int
+    ms: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in KIND_AXES:
+            raise ValueError(f"kind={self.kind!r}: must be one of {sorted(KIND_AXES)}")
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r}: must be an int >= 0")
+            if name not in KIND_AXES[self.kind] and value != 0:
+                raise ValueError(f"{name}={value!r}: must be 0 for kind {self.kind!r}")
+        ms = self.ms
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < float("inf"):
+            raise ValueError(f"ms={ms!r}: must be a finite number >= 0")
+
+    @property
+    def coords(self) -> tuple[int, ...]:
+        return tuple(getattr(self, axis) for axis in KIND_AXES[self.kind])
+
+
+def _count(name: str, value: Any) -> int:
+    """`value` as an int >= 0 (numpy integers accepted), else ValueError naming `name`."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        n = -1
+    if isinstance(value, bool) or n < 0:
+        raise ValueError(f"{name}={value!r}: must be an int >= 0")
+    return n
+
+
+def _interp1(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise linear through (xs, ys); flat below xs[0], last slope beyond xs[-1]."""
+    if len(xs) == 1 or x <= xs[0]:
+        return ys[0]
+    i = min(bisect.bisect_right(xs, x), len(xs) - 1)  # segment [i-1, i]; the last one beyond xs[-1]
+    slope = (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[i - 1] + slope * (x - xs[i - 1])
+
+
+def _running_max(values: list[float]) -> list[float]:
+    out, best = [], float("-inf")
+    for v in values:
+        best = max(best, v)
+        out.append(best)
+    return out
+
+
+class _Grid:
+    """Nested piecewise-linear interpolation over the axes of one kind (innermost axis first)."""
+
+    def __init__(self, table: list[tuple[tuple[int, ...], float]]) -> None:
+        self.depth = len(table[0][0])
+        groups: dict[int, list[tuple[tuple[int, ...], float]]] = {}
+        for coords, ms in table:
+            groups.setdefault(coords[-1], []).append((coords[:-1], ms))
+        self.xs = sorted(groups)
+        if self.depth == 1:
+            self.ys = _running_max([groups[x][0][1] for x in self.xs])
+        else:
+            self.inner = [_Grid(groups[x]) for x in self.xs]
+
+    def __call__(self, query: tuple[float, ...]) -> float:
+        if self.depth == 1:
+            return _interp1(self.xs, self.ys, query[0])
+        values = _running_max([g(query[:-1]) for g in self.inner])
+        return _interp1(self.xs, values, query[-1])
+
+
+class LatencyModel:
+    """Predicts path latency in ms from measured `LatencyPoint`s (see module docstring)."""
+
+    def __init__(self, points: Sequence[LatencyPoint]) -> None:
+        if not points:
+            raise ValueError("points=[]: need at least one measured point")
+        tables: dict[str, dict[tuple[int, ...], float]] = {}
+        for p in points:
+            table = tables.setdefault(p.kind, {})
+            if p.coords in table:
+                raise ValueError(f"{p!r}: duplicate {p.kind!r} shape {p.coords} (already {table[p.coords]} ms)")
+            table[p.coords] = float(p.ms)
+        self.points = list(points)
+        self._grids = {kind: _Grid(list(table.items())) for kind, table in tables.items()}
+
+    @property
+    def kinds(self) -> list[str]:
+        """Kinds with at least one measured point."""
+        return sorted(self._grids)
+
+    def _predict(self, kind: str, query: tuple[int, ...]) -> float:
+        query = tuple(_count(axis, v) for axis, v in zip(KIND_AXES[kind], query, strict=True))
+        grid = self._grids.get(kind)
+        if grid is None:
+            raise ValueError(f"kind={kind!r}: no measured points; profile has {self.kinds}")
+        return grid(query)
+
+    def predict_full_ms(self, num_tokens: int, num_candidates: int) -> float:
+        """Full inference of `num_tokens` behaviour tokens and `num_candidates` candidates."""
+        return self._predict("full", (num_tokens, num_candidates))
+
+    def predict_relay_ms(self, prefix_len: int, suffix_len: int, num_candidates: int) -> float:
+        """Ranking against a cached prefix: `suffix_len` new tokens plus the candidates."""
+        return self._predict("relay", (prefix_len, suffix_len, num_candidates))
+
+    def predict_prefill_ms(self, num_tokens: int) -> float:
+        """Pre-inferring a prefix of `num_tokens` tokens into a cache slot."""
+        return self._predict("prefill", (num_tokens,))
+
+    def predict_prefill_chunks_ms(self, num_tokens: int, chunk_len: int) -> list[float]:
+        """Split of `predict_prefill_ms(num_tokens)` into chunks of `chunk_len` tokens (sums to it)."""
+        if _count("chunk_len", chunk_len) < 1:
+            raise ValueError(f"chunk_len={chunk_len!r}: must be an int >= 1")
+        num_tokens = _count("num_tokens", num_tokens)
+        if num_tokens == 0:
+            return []
+        total = self.predict_prefill_ms(num_tokens)
+        ends = list(range(chunk_len, num_tokens, chunk_len)) + [num_tokens]
+        cumulative = [self.predict_prefill_ms(e) for e in ends[:-1]] + [total]
+        return [c - prev for prev, c in zip([0.0] + cumulative[:-1], cumulative, strict=True)]
+
+    # ---- persistence and calibration ----
+
+    def to_json(self, path: str | Path) -> None:
+        """Write the measured points as a JSON profile (`from_json` reads it back)."""
+        doc = {"version": PROFILE_VERSION, "points": [asdict(p) for p in self.points]}
+        Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> LatencyModel:
+        """Read a profile written by `to_json`; ValueError names what is wrong with a bad file."""
+        path = Path(path)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"latency profile {str(path)!r}: cannot read: {exc}") from exc
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"latency profile {str(path)!r}: not valid JSON: {exc}") from exc
+        points = _points_from_doc(doc, str(path))
+        try:
+            return cls(points)
+        except ValueError as exc:
+            raise ValueError(f"latency profile {str(path)!r}: {exc}") from exc
+
+    @classmethod
+    def calibrate(
+        cls, measure: Callable[[str, tuple], float], shapes: dict[str, list[tuple]], repeats: int = 3
+    ) -> LatencyModel:
+        """Median of `repeats` calls `measure(kind, shape)` per shape; shapes ordered as KIND_AXES."""
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"repeats={repeats!r}: must be an int >= 1")
+        points = []
+        for kind, kind_shapes in shapes.items():
+            axes = KIND_AXES.get(kind)
+            if axes is None:
+                raise ValueError(f"shapes[{kind!r}]: unknown kind; known {sorted(KIND_AXES)}")
+            for shape in kind_shapes:
+                if len(shape) != len(axes):
+                    raise ValueError(f"shapes[{kind!r}] shape {shape!r}: expected {len(axes)} values {axes}")
+                dims = dict.fromkeys(_INT_FIELDS, 0) | {a: _count(a, v) for a, v in zip(axes, shape, strict=True)}
+                ms = statistics.median(float(measure(kind, tuple(shape))) for _ in range(repeats))
+                logger.debug("calibrated %s %s: %.3f ms", kind, shape, ms)
+                points.append(LatencyPoint(kind=kind, ms=ms, **dims))
+        return cls(points)
+
+
+def _points_from_doc(doc: Any, where: str) -> list[LatencyPoint]:
+    if not isinstance(doc, dict):
+        raise ValueError(f"latency profile {where!r}: top level must be an object, got {type(doc).__name__}")
+    if doc.get("version") != PROFILE_VERSION:
+        raise ValueError(f"latency profile {where!r}: version={doc.get('version')!r}, expected {PROFILE_VERSION}")
+    raw = doc.get("points")
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"latency profile {where!r}: 'points' must be a non-empty list, got {raw!r}")
+    fields = ("kind", *_INT_FIELDS, "ms")
+    points = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or set(item) != set(fields):
+            raise ValueError(
+                f"latency profile {where!r}: points[{i}]={item!r}: must be an object "
+                f"with exactly the keys {list(fields)}"
+            )
+        try:
+            points.append(LatencyPoint(**item))
+        except ValueError as exc:
+            raise ValueError(f"latency profile {where!r}: points[{i}]: {exc}") from exc
+    return points

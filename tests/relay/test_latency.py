@@ -1,0 +1,223 @@
+"""Latency model: interpolation on known points, monotonicity, JSON profiles, calibration."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mindspore_relaygr.relay.latency import LatencyModel, LatencyPoint
+
+
+def full(tokens: int, candidates: int, ms: float) -> LatencyPoint:
+    return LatencyPoint("full", tokens, candidates, 0, ms)
+
+
+def relay(prefix: int, suffix: int, candidates: int, ms: float) -> LatencyPoint:
+    return LatencyPoint("relay", prefix, candidates, suffix, ms)
+
+
+def prefill(tokens: int, ms: float) -> LatencyPoint:
+    return LatencyPoint("prefill", tokens, 0, 0, ms)
+
+
+@pytest.fixture
+def model() -> LatencyModel:
+    return LatencyModel(
+        [
+            full(100, 10, 10.0),
+            full(200, 10, 20.0),
+            full(400, 10, 60.0),
+            full(100, 20, 14.0),
+            full(200, 20, 30.0),
+            full(400, 20, 70.0),
+            relay(100, 8, 10, 2.0),
+            relay(200, 8, 10, 3.0),
+            relay(100, 32, 10, 4.0),
+            relay(200, 32, 10, 7.0),
+            relay(100, 8, 20, 6.0),
+            relay(200, 8, 20, 7.0),
+            relay(100, 32, 20, 8.0),
+            relay(200, 32, 20, 11.0),
+            prefill(100, 5.0),
+            prefill(300, 15.0),
+            prefill(500, 35.0),
+        ]
+    )
+
+
+def test_full_path_interpolates_between_buckets(model):
+    assert model.predict_full_ms(100, 10) == 10.0  # measured points are reproduced exactly
+    assert model.predict_full_ms(400, 20) == 70.0
+    assert model.predict_full_ms(150, 10) == pytest.approx(15.0)  # along tokens
+    assert model.predict_full_ms(300, 10) == pytest.approx(40.0)
+    assert model.predict_full_ms(200, 15) == pytest.approx(25.0)  # along candidates
+    assert model.predict_full_ms(150, 15) == pytest.approx((15.0 + 22.0) / 2)  # both
+
+
+def test_extrapolation_is_flat_below_and_follows_the_last_slope_above(model):
+    assert model.predict_full_ms(0, 10) == 10.0
+    assert model.predict_full_ms(50, 1) == 10.0
+    assert model.predict_full_ms(600, 10) == pytest.approx(100.0)  # last slope 40ms / 200 tokens
+    assert model.predict_full_ms(100, 30) == pytest.approx(18.0)  # last candidate slope 4ms / 10
+    assert model.predict_full_ms(600, 30) == pytest.approx(100.0 + (110.0 - 100.0) * 2)
+
+
+def test_relay_path_interpolates_over_prefix_suffix_and_candidates(model):
+    assert model.predict_relay_ms(100, 8, 10) == 2.0
+    assert model.predict_relay_ms(150, 8, 10) == pytest.approx(2.5)
+    assert model.predict_relay_ms(100, 20, 10) == pytest.approx(3.0)
+    assert model.predict_relay_ms(150, 20, 15) == pytest.approx((4.0 + 8.0) / 2)
+    assert model.predict_relay_ms(300, 8, 10) == pytest.approx(4.0)
+
+
+def test_noisy_measurements_never_make_longer_requests_cheaper():
+    m = LatencyModel([full(100, 10, 10.0), full(200, 10, 8.0), full(300, 10, 20.0)])
+    assert m.predict_full_ms(200, 10) == 10.0  # the dip is lifted to the running maximum
+    assert m.predict_full_ms(150, 10) == 10.0
+    assert m.predict_full_ms(250, 10) == pytest.approx(15.0)
+    flat_end = LatencyModel([full(100, 10, 10.0), full(200, 10, 5.0)])
+    assert flat_end.predict_full_ms(10_000, 10) == 10.0  # a negative last slope is not extrapolated
+
+
+def test_single_point_is_constant():
+    m = LatencyModel([full(128, 16, 7.5)])
+    assert [m.predict_full_ms(t, c) for t, c in [(0, 0), (128, 16), (4096, 512)]] == [7.5, 7.5, 7.5]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tokens=st.lists(st.integers(1, 5000), min_size=1, max_size=4, unique=True),
+    cands=st.lists(st.integers(1, 500), min_size=1, max_size=3, unique=True),
+    data=st.data(),
+)
+def test_predictions_are_monotone_in_every_argument(tokens, cands, data):
+    ms = st.floats(0, 1000, allow_nan=False)
+    m = LatencyModel([full(t, c, data.draw(ms)) for t in tokens for c in cands])
+    qs = st.integers(0, 8000)
+    t1, t2 = sorted(data.draw(st.tuples(qs, qs)))
+    c1, c2 = sorted(data.draw(st.tuples(st.integers(0, 800), st.integers(0, 800))))
+    assert m.predict_full_ms(t1, c1) <= m.predict_full_ms(t2, c1) + 1e-9
+    assert m.predict_full_ms(t1, c1) <= m.predict_full_ms(t1, c2) + 1e-9
+    assert m.predict_full_ms(t1, c1) >= 0
+
+
+def test_prefill_and_its_chunks(model):
+    assert model.predict_prefill_ms(200) == pytest.approx(10.0)
+    chunks = model.predict_prefill_chunks_ms(450, chunk_len=200)
+    assert chunks == pytest.approx([10.0, 15.0, 5.0])  # cumulative 10, 25, 30 ms at 200, 400, 450 tokens
+    assert sum(chunks) == pytest.approx(model.predict_prefill_ms(450))
+    assert model.predict_prefill_chunks_ms(100, chunk_len=512) == [5.0]
+    assert model.predict_prefill_chunks_ms(0, chunk_len=512) == []
+    with pytest.raises(ValueError, match="chunk_len=0"):
+        model.predict_prefill_chunks_ms(10, chunk_len=0)
+
+
+def test_bad_queries_and_missing_kinds_raise(model):
+    with pytest.raises(ValueError, match="tokens=-1"):
+        model.predict_full_ms(-1, 10)
+    with pytest.raises(ValueError, match="candidates=2.5"):
+        model.predict_full_ms(10, 2.5)
+    with pytest.raises(ValueError, match=r"kind='relay': no measured points; profile has \['full'\]"):
+        LatencyModel([full(1, 1, 1.0)]).predict_relay_ms(10, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("point", "match"),
+    [
+        (("gpu", 1, 1, 0, 1.0), "kind='gpu'"),
+        (("full", -5, 1, 0, 1.0), "tokens=-5"),
+        (("full", 10, 1, 4, 1.0), "suffix=4: must be 0 for kind 'full'"),
+        (("prefill", 10, 3, 0, 1.0), "candidates=3: must be 0 for kind 'prefill'"),
+        (("full", 10, 1, 0, float("nan")), "ms=nan"),
+        (("full", 10, 1, 0, -1.0), "ms=-1.0"),
+    ],
+)
+def test_invalid_points_are_rejected(point, match):
+    with pytest.raises(ValueError, match=match):
+        LatencyPoint(*point)
+
+
+def test_duplicate_shapes_and_empty_models_are_rejected():
+    with pytest.raises(ValueError, match=r"duplicate 'full' shape \(10, 1\)"):
+        LatencyModel([full(10, 1, 1.0), full(10, 1, 2.0)])
+    with pytest.raises(ValueError, match="points=\\[\\]"):
+        LatencyModel([])
+
+
+def test_json_round_trip(model, tmp_path):
+    path = tmp_path / "profile.json"
+    model.to_json(path)
+    loaded = LatencyModel.from_json(path)
+    assert loaded.points == model.points
+    assert loaded.predict_full_ms(333, 17) == model.predict_full_ms(333, 17)
+    assert loaded.predict_relay_ms(150, 20, 15) == model.predict_relay_ms(150, 20, 15)
+
+
+def _good_doc() -> dict:
+    return {"version": 1, "points": [{"kind": "full", "tokens": 10, "candidates": 1, "suffix": 0, "ms": 1.0}]}
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "top level must be an object, got list"),
+        (json.dumps({"points": []}), "version=None, expected 1"),
+        (json.dumps({"version": 1, "points": []}), "'points' must be a non-empty list"),
+        (json.dumps({"version": 1}), "'points' must be a non-empty list, got None"),
+        (json.dumps({"version": 1, "points": [{"kind": "full", "tokens": 10}]}), r"points\[0\]=.*exactly the keys"),
+        (json.dumps(_good_doc() | {"points": _good_doc()["points"] * 2}), "bad.json'.*duplicate 'full' shape"),
+        (json.dumps(_good_doc()).replace('"tokens": 10', '"tokens": "10"'), r"points\[0\]: tokens='10'"),
+        (json.dumps(_good_doc()).replace('"ms": 1.0', '"ms": NaN'), r"points\[0\]: ms=nan"),
+        (json.dumps(_good_doc()).replace('"full"', '"fast"'), r"points\[0\]: kind='fast'"),
+    ],
+)
+def test_malformed_profiles_raise_value_error_naming_the_problem(tmp_path, text, match):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        LatencyModel.from_json(path)
+
+
+def test_missing_profile_file_raises_value_error(tmp_path):
+    with pytest.raises(ValueError, match="nope.json.*cannot read"):
+        LatencyModel.from_json(tmp_path / "nope.json")
+
+
+def test_calibrate_takes_the_median_of_repeats():
+    samples = {
+        ("full", (100, 10)): [9.0, 30.0, 10.0],
+        ("full", (200, 10)): [20.0, 21.0, 19.0],
+        ("relay", (100, 8, 10)): [2.0, 2.0, 50.0],
+        ("prefill", (100,)): [4.0, 6.0, 5.0],
+    }
+    calls = []
+
+    def measure(kind: str, shape: tuple) -> float:
+        calls.append((kind, shape))
+        return samples[kind, shape][sum(c == (kind, shape) for c in calls) - 1]
+
+    shapes = {"full": [(100, 10), (200, 10)], "relay": [(100, 8, 10)], "prefill": [(100,)]}
+    m = LatencyModel.calibrate(measure, shapes, repeats=3)
+    assert len(calls) == 12
+    assert m.points == [full(100, 10, 10.0), full(200, 10, 20.0), relay(100, 8, 10, 2.0), prefill(100, 5.0)]
+    assert m.kinds == ["full", "prefill", "relay"]
+    assert math.isclose(m.predict_full_ms(150, 10), 15.0)
+
+
+@pytest.mark.parametrize(
+    ("shapes", "repeats", "match"),
+    [
+        ({"cpu": [(1,)]}, 3, "shapes\\['cpu'\\]: unknown kind"),
+        ({"full": [(1, 2, 3)]}, 3, "expected 2 values"),
+        ({"full": [(1, 2)]}, 0, "repeats=0"),
+        ({"full": [(-1, 2)]}, 1, "tokens=-1"),
+    ],
+)
+def test_calibrate_rejects_bad_shapes(shapes, repeats, match):
+    with pytest.raises(ValueError, match=match):
+        LatencyModel.calibrate(lambda kind, shape: 1.0, shapes, repeats=repeats)
