@@ -54,7 +54,7 @@ class ModelConfig:
     suffix_buckets: list[int] = field(default_factory=lambda: [8, 32])
     candidate_buckets: list[int] = field(default_factory=lambda: [16, 64])
     attention_block_len: int = 256  # query rows per attention block; bounds graph peak memory
-    fused_kernels: str = "auto"  # auto: fused C++ kernels on CPU when they build | on | off
+    fused_kernels: bool | None = None  # null: fused C++ kernels on CPU when they build; true: required
     dropout: float = 0.0
     seed: int = 0
     version: str = "dev"  # part of every cache key; export sets it from the checkpoint
@@ -79,8 +79,6 @@ class ModelConfig:
         _require(self.attention_block_len > 0, "model.attention_block_len",
                  self.attention_block_len, "must be > 0")
         _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "must be in [0, 1)")
-        _require(self.fused_kernels in ("auto", "on", "off"), "model.fused_kernels", self.fused_kernels,
-                 "must be one of auto, on, off")
 
     @property
     def has_user_token(self) -> bool:

@@ -203,16 +203,16 @@ class RelayGRModel:
 
     # ------------------------------------------------------------------ internals
     def _resolve_fused(self) -> bool:
-        """model.fused_kernels: auto = on for CPU when the kernels build; on = required; off = reference."""
+        """model.fused_kernels: null = on for CPU when the kernels build; true = required; false = reference."""
         mode = self.cfg.fused_kernels
-        if mode == "off" or (mode == "auto" and self.config.context.device_target != "CPU"):
+        if mode is False or (mode is None and self.config.context.device_target != "CPU"):
             return False
         from mindspore_relaygr.model.kernels import load_fused_ops
 
         ops = load_fused_ops()
         if ops is None:
-            if mode == "on":
-                raise RuntimeError("model.fused_kernels=on but the fused CPU kernels could not be built")
+            if mode:
+                raise RuntimeError("model.fused_kernels=true but the fused CPU kernels could not be built")
             return False
         self.net.rab.enable_fused(ops)
         return True

@@ -1,0 +1,35 @@
+"""Tiny models shared per test module (graphs compile once per shape and process)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mindspore_relaygr import load_config
+
+
+def randomize_weights(model, seed: int, scale: float = 0.3) -> None:
+    """Replace the small default init by large random weights, so any path difference shows up."""
+    from mindspore import Tensor
+
+    rng = np.random.default_rng(seed)
+    for param in model.net.get_parameters():
+        shape = param.shape
+        value = rng.normal(0.0, scale, shape)
+        if "gamma" in param.name:  # LayerNorm scale
+            value = 1.0 + 0.1 * rng.normal(size=shape)
+        param.set_data(Tensor(value.astype(np.float32)))
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tiny_config_path):
+    return load_config(tiny_config_path)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_config):
+    from mindspore_relaygr.model import RelayGRModel
+
+    model = RelayGRModel(tiny_config)
+    randomize_weights(model, seed=1)
+    return model

@@ -1,0 +1,43 @@
+"""The fused CPU kernels compute the same scores as the reference MindSpore ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import random_history, split_history
+
+pytestmark = pytest.mark.slow
+
+
+def test_fused_kernels_match_reference_ops(tiny_model, tiny_config_path, tmp_path):
+    from mindspore_relaygr import load_config
+    from mindspore_relaygr.model import RelayGRModel
+
+    assert tiny_model.fused, "the fused kernels should build on this CPU machine (g++ is required)"
+    path = tmp_path / "w.ckpt"
+    tiny_model.save_checkpoint(path)
+    reference = RelayGRModel(load_config(tiny_config_path, ["model.fused_kernels=false", "cache.num_slots=1"]))
+    reference.load_checkpoint(path)
+    assert not reference.fused
+    rng = np.random.default_rng(11)
+    for n in (1, 23, 77, 127):
+        hist = random_history(rng, n, user_features=[2, 1])
+        cands = rng.integers(1, 201, 9)
+        np.testing.assert_allclose(reference.rank_full(hist, cands), tiny_model.rank_full(hist, cands),
+                                   rtol=0, atol=1e-5)
+        pre, suf = split_history(hist, max(1, n - 5))
+        reference.prefill(0, pre)
+        np.testing.assert_allclose(reference.rank_cached(0, len(pre["item_ids"]), suf, cands),
+                                   tiny_model.rank_full(hist, cands), rtol=0, atol=1e-5)
+
+
+def test_time_thresholds_define_buckets_exactly():
+    from mindspore_relaygr.model.hstu import time_thresholds
+
+    thr = time_thresholds(24, 1.5)
+    assert np.all(np.diff(thr) > 0)
+    # bucket(dt) = count of thresholds <= dt, which is floor(log1p(dt) * scale) away from boundaries
+    for dt in (0.0, 1.0, 2.0, 100.0, 86400.0, 3e7):
+        expect = min(int(np.floor(np.log1p(dt) * 1.5)), 23)
+        assert int(np.sum(thr <= np.float32(dt))) == expect

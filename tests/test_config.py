@@ -1,0 +1,55 @@
+"""Config: YAML -> typed dataclasses; unknown keys and bad values raise with key and value."""
+
+from __future__ import annotations
+
+import pytest
+
+from mindspore_relaygr.config import ConfigError, load_config, save_config
+from tests.conftest import CONFIGS
+
+
+@pytest.mark.parametrize("name", ["tiny.yaml", "bench_long.yaml"])
+def test_shipped_configs_load(name):
+    cfg = load_config(CONFIGS / name)
+    assert cfg.cache.max_prefix_len in cfg.model.len_buckets
+
+
+def test_overrides_are_typed():
+    cfg = load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=3", "trigger.slo_ms=20", "model.len_buckets=[32, 128]"])
+    assert (cfg.cache.num_slots, cfg.trigger.slo_ms, cfg.model.len_buckets) == (3, 20.0, [32, 128])
+    assert isinstance(cfg.trigger.slo_ms, float)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("cache.nope=1", "cache.nope=1: unknown key"),
+    ("nope.x=1", "nope: unknown section"),
+    ("cache.num_slots=abc", "cache.num_slots='abc': must be an integer"),
+    ("cache.num_slots=0", "cache.num_slots=0: must be > 0"),
+    ("model.len_buckets=[64, 32, 128]", "must be strictly increasing"),
+    ("model.len_buckets=[32, 64]", "the last bucket must equal model.max_seq_len=128"),
+    ("cache.max_prefix_len=100", "cache.max_prefix_len=100: must be one of model.len_buckets"),
+    ("relay.miss_policy=maybe", "relay.miss_policy='maybe'"),
+    ("context.device_target=TPU", "context.device_target='TPU'"),
+    ("model.enable=true", "model.enable=True: unknown key"),
+    ("model.dropout=true", "model.dropout=True: must be a finite number"),
+    ("cache.num_slots", "expected section.key=value"),
+])
+def test_bad_values_name_key_and_value(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_config(CONFIGS / "tiny.yaml", [override])
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "none.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_save_and_reload_round_trip(tmp_path):
+    cfg = load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=2"])
+    save_config(cfg, tmp_path / "resolved.yaml")
+    assert load_config(tmp_path / "resolved.yaml") == cfg
+    assert "None" not in (tmp_path / "resolved.yaml").read_text()
