@@ -4,6 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup_env.sh
+# The load-balancer tests run a real nginx (Debian package).
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  echo "[setup] installing nginx (Debian package) for the load-balancer tests"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq nginx >/dev/null
+fi
+export PATH="$PATH:/usr/sbin"
 "$RELAYGR_PY" -m ruff check mindspore_relaygr serving tests scripts
 set +e
 "$RELAYGR_PY" -m pytest -q -p no:cacheprovider --timeout=1800 "$@"

@@ -22,7 +22,11 @@ if ! "$venv/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.f
   echo "[setup] installing recbole==1.2.1 (data files only, --no-deps)"
   "$venv/bin/pip" install --quiet --no-deps recbole==1.2.1
 fi
-"$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e "$repo" >/dev/null
+if ! log="$("$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e "$repo" 2>&1)"; then
+  echo "$log" >&2
+  echo "[setup] installing this checkout failed" >&2
+  exit 1
+fi
 export RELAYGR_PY="$venv/bin/python"
 export PATH="$venv/bin:$PATH"
 export GLOG_v="${GLOG_v:-3}"

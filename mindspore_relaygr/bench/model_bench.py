@@ -1,0 +1,159 @@
+"""`relaygr bench model`: latency, achieved GFLOP/s and memory of the full / prefill / cached paths.
+
+For each prefix length P and candidate count M: `rank_full` over P events, `prefill` of the first
+P - S events and `rank_cached` of the last S events (S = --suffix) + M candidates, after warm-up,
+median and p99 over repeats. FLOPs are the multiply-adds the model needs for its output (see
+`count_flops`); the machine's matmul GFLOP/s is measured in the same run for comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mindspore_relaygr.config import ModelConfig, RelayGRConfig
+
+logger = logging.getLogger(__name__)
+
+
+def count_flops(cfg: ModelConfig, kind: str, tokens: int, candidates: int = 0, past: int = 0) -> float:
+    """Model FLOPs (2 per multiply-add) of one call.
+
+    kind "full": `tokens` behaviour tokens + candidates; "prefill": `tokens` new tokens after `past`
+    cached ones; "cached": `tokens` suffix tokens after `past` cached ones + candidates. The last
+    layer's token rows only need K and V (their outputs feed nothing), as the graphs compute them.
+    """
+    d, h, dqk, dv, layers = cfg.d_model, cfg.num_heads, cfg.d_qk, cfg.d_v, cfg.num_layers
+    proj_kv = 2 * d * h * (dqk + dv)
+    proj_all = proj_kv + 2 * d * h * (dqk + dv) + 2 * h * dv * d  # + Q, U, output projection
+    pair = 2 * h * (dqk + dv)
+    causal_pairs = tokens * past + tokens * (tokens + 1) / 2
+    token_flops = (layers - 1) * (tokens * proj_all + causal_pairs * pair) + tokens * proj_kv
+    if kind == "prefill":
+        return float(token_flops)
+    cand_keys = past + tokens + 1  # every behaviour token and itself
+    cand_flops = layers * candidates * (proj_all + cand_keys * pair) + candidates * 2 * d * len(cfg.task_names)
+    return float(token_flops + cand_flops)
+
+
+def measure_matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
+    """fp32 GFLOP/s of a size x size MindSpore matmul on this machine, right now."""
+    import mindspore as ms
+    from mindspore import ops
+
+    a = ms.Tensor(np.random.default_rng(0).standard_normal((size, size)).astype(np.float32))
+    ops.matmul(a, a).asnumpy()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ops.matmul(a, a).asnumpy()
+        times.append(time.perf_counter() - t0)
+    return 2 * size**3 / float(np.median(times)) / 1e9
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@dataclass
+class PathResult:
+    path: str  # full | prefill | cached
+    prefix_len: int
+    candidates: int
+    suffix_len: int
+    median_ms: float
+    p99_ms: float
+    first_call_s: float  # compile + first run
+    memory_mb: float  # RSS growth at the first call of this graph shape (its compiled memory)
+    gflops: float  # model FLOPs / median time
+
+
+def _history(rng: np.random.Generator, cfg: ModelConfig, n: int) -> dict[str, np.ndarray]:
+    hist = {"item_ids": rng.integers(1, cfg.num_items + 1, n), "action_ids": rng.integers(0, cfg.num_actions, n),
+            "timestamps": 1_700_000_000 + np.cumsum(rng.integers(0, 3600, n))}
+    if cfg.user_feature_sizes:
+        hist["user_features"] = np.zeros(len(cfg.user_feature_sizes), np.int64)
+    return hist
+
+
+def _time(fn, repeats: int) -> tuple[float, float, float, float]:
+    """(first call seconds, RSS growth MB at it, median ms, p99 ms)."""
+    rss0, t0 = _rss_mb(), time.perf_counter()
+    fn()
+    first, grown = time.perf_counter() - t0, _rss_mb() - rss0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return first, grown, float(np.median(times)), float(np.percentile(times, 99))
+
+
+def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: list[int], suffix_len: int,
+                    repeats: int, progress=print) -> dict[str, Any]:
+    """Run the sweep; returns a JSON-able dict with the machine matmul rate and every result row."""
+    from mindspore_relaygr.model import RelayGRModel
+
+    model = RelayGRModel(config)
+    cfg = config.model
+    user = 1 if cfg.user_feature_sizes else 0
+    matmul = measure_matmul_gflops()
+    progress(f"matmul 2048^2 fp32: {matmul:.1f} GFLOP/s; fused kernels: {model.fused}")
+    rng = np.random.default_rng(0)
+    rows: list[PathResult] = []
+    for p in prefix_lens:
+        hist = _history(rng, cfg, p - user)
+        pre = {k: (v if k == "user_features" else v[: p - user - suffix_len]) for k, v in hist.items()}
+        suf = {k: v[p - user - suffix_len:] for k, v in hist.items() if k != "user_features"}
+        n_pre = p - user - suffix_len
+        first, mem, med, p99 = _time(lambda pre=pre: model.prefill(0, pre), repeats)
+        rows.append(PathResult("prefill", p, 0, suffix_len, med, p99, first, mem,
+                               count_flops(cfg, "prefill", n_pre + user) / med / 1e6))
+        progress(f"P={p}: prefill {med:.1f} ms")
+        for m in candidates:
+            cands = rng.integers(1, cfg.num_items + 1, m)
+            first, mem, med, p99 = _time(lambda hist=hist, cands=cands: model.rank_full(hist, cands), repeats)
+            rows.append(PathResult("full", p, m, 0, med, p99, first, mem,
+                                   count_flops(cfg, "full", p, m) / med / 1e6))
+            first, mem, med_c, p99 = _time(lambda suf=suf, cands=cands: model.rank_cached(0, n_pre, suf, cands),
+                                           repeats)
+            rows.append(PathResult("cached", p, m, suffix_len, med_c, p99, first, mem,
+                                   count_flops(cfg, "cached", suffix_len, m, past=n_pre + user) / med_c / 1e6))
+            progress(f"P={p} M={m}: full {med:.1f} ms, cached {med_c:.1f} ms, ratio {med / med_c:.1f}x")
+    return {"matmul_gflops": matmul, "fused_kernels": model.fused, "repeats": repeats,
+            "results": [asdict(r) for r in rows]}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """A plain-text table: one row per (P, M) with the three paths side by side."""
+    res = report["results"]
+    by = {(r["path"], r["prefix_len"], r["candidates"]): r for r in res}
+    head = (f"{'P':>5} {'M':>4} | {'full ms':>9} {'p99':>7} {'GF/s':>5} | {'prefill ms':>10} {'GF/s':>5} | "
+            f"{'cached ms':>9} {'p99':>7} {'GF/s':>5} | {'full/cached':>11} | {'mem MB f/p/c':>14}")
+    lines = [f"matmul peak (measured): {report['matmul_gflops']:.1f} GFLOP/s, fused kernels: "
+             f"{report['fused_kernels']}", head, "-" * len(head)]
+    for r in res:
+        if r["path"] != "full":
+            continue
+        p, m = r["prefix_len"], r["candidates"]
+        pre, cac = by[("prefill", p, 0)], by[("cached", p, m)]
+        lines.append(f"{p:>5} {m:>4} | {r['median_ms']:>9.1f} {r['p99_ms']:>7.1f} {r['gflops']:>5.0f} | "
+                     f"{pre['median_ms']:>10.1f} {pre['gflops']:>5.0f} | {cac['median_ms']:>9.1f} "
+                     f"{cac['p99_ms']:>7.1f} {cac['gflops']:>5.0f} | {r['median_ms'] / cac['median_ms']:>10.1f}x | "
+                     f"{r['memory_mb']:>4.0f}/{pre['memory_mb']:>4.0f}/{cac['memory_mb']:>4.0f}")
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
