@@ -125,8 +125,10 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
             first, mem, med, p99 = _time(lambda hist=hist, cands=cands: model.rank_full(hist, cands), repeats)
             rows.append(PathResult("full", p, m, 0, med, p99, first, mem,
                                    count_flops(cfg, "full", p, m) / med / 1e6))
-            first, mem, med_c, p99 = _time(lambda suf=suf, cands=cands: model.rank_cached(0, n_pre, suf, cands),
-                                           repeats)
+            def cached(suf=suf, cands=cands, n_pre=n_pre):
+                return model.rank_cached(0, n_pre, suf, cands)
+
+            first, mem, med_c, p99 = _time(cached, repeats)
             rows.append(PathResult("cached", p, m, suffix_len, med_c, p99, first, mem,
                                    count_flops(cfg, "cached", suffix_len, m, past=n_pre + user) / med_c / 1e6))
             progress(f"P={p} M={m}: full {med:.1f} ms, cached {med_c:.1f} ms, ratio {med / med_c:.1f}x")
