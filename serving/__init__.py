@@ -1,0 +1,1 @@
+"""HTTP serving of the relay engine (Flask app factory, gunicorn config, nginx template)."""
