@@ -4,7 +4,9 @@ Each kind of path is measured on a few shapes (a grid of length / candidate buck
 interpolates piecewise linearly along each axis in turn (tokens first, then suffix, then
 candidates). Along every axis the measured values are first made non-decreasing (running maximum:
 noise never makes a longer request look cheaper), queries below the first bucket take the first
-value, and queries beyond the last bucket extend the last segment's (non-negative) slope.
+value, and queries beyond the last bucket scale the last value in proportion (latency ~ length).
+Proportional scaling (not the last segment's slope, which differs between rows of the grid) keeps
+predictions monotone in every argument at once.
 """
 
 from __future__ import annotations
@@ -71,10 +73,12 @@ def _count(name: str, value: Any) -> int:
 
 
 def _interp1(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """Piecewise linear through (xs, ys); flat below xs[0], last slope beyond xs[-1]."""
-    if len(xs) == 1 or x <= xs[0]:
+    """Piecewise linear through (xs, ys); flat below xs[0], proportional beyond xs[-1]."""
+    if x <= xs[0]:
         return ys[0]
-    i = min(bisect.bisect_right(xs, x), len(xs) - 1)  # segment [i-1, i]; the last one beyond xs[-1]
+    if x >= xs[-1]:
+        return ys[-1] * (x / xs[-1]) if xs[-1] > 0 else ys[-1]
+    i = bisect.bisect_right(xs, x)  # segment [i-1, i]
     slope = (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
     return ys[i - 1] + slope * (x - xs[i - 1])
 

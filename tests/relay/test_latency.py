@@ -58,12 +58,12 @@ def test_full_path_interpolates_between_buckets(model):
     assert model.predict_full_ms(150, 15) == pytest.approx((15.0 + 22.0) / 2)  # both
 
 
-def test_extrapolation_is_flat_below_and_follows_the_last_slope_above(model):
+def test_extrapolation_is_flat_below_and_proportional_above(model):
     assert model.predict_full_ms(0, 10) == 10.0
     assert model.predict_full_ms(50, 1) == 10.0
-    assert model.predict_full_ms(600, 10) == pytest.approx(100.0)  # last slope 40ms / 200 tokens
-    assert model.predict_full_ms(100, 30) == pytest.approx(18.0)  # last candidate slope 4ms / 10
-    assert model.predict_full_ms(600, 30) == pytest.approx(100.0 + (110.0 - 100.0) * 2)
+    assert model.predict_full_ms(600, 10) == pytest.approx(60.0 * 600 / 400)  # last bucket 400 tokens: 60 ms
+    assert model.predict_full_ms(100, 30) == pytest.approx(14.0 * 30 / 20)  # last bucket 20 candidates: 14 ms
+    assert model.predict_full_ms(600, 30) == pytest.approx(70.0 * 600 / 400 * 30 / 20)
 
 
 def test_relay_path_interpolates_over_prefix_suffix_and_candidates(model):
@@ -71,7 +71,7 @@ def test_relay_path_interpolates_over_prefix_suffix_and_candidates(model):
     assert model.predict_relay_ms(150, 8, 10) == pytest.approx(2.5)
     assert model.predict_relay_ms(100, 20, 10) == pytest.approx(3.0)
     assert model.predict_relay_ms(150, 20, 15) == pytest.approx((4.0 + 8.0) / 2)
-    assert model.predict_relay_ms(300, 8, 10) == pytest.approx(4.0)
+    assert model.predict_relay_ms(300, 8, 10) == pytest.approx(3.0 * 300 / 200)
 
 
 def test_noisy_measurements_never_make_longer_requests_cheaper():
@@ -80,12 +80,12 @@ def test_noisy_measurements_never_make_longer_requests_cheaper():
     assert m.predict_full_ms(150, 10) == 10.0
     assert m.predict_full_ms(250, 10) == pytest.approx(15.0)
     flat_end = LatencyModel([full(100, 10, 10.0), full(200, 10, 5.0)])
-    assert flat_end.predict_full_ms(10_000, 10) == 10.0  # a negative last slope is not extrapolated
+    assert flat_end.predict_full_ms(10_000, 10) == pytest.approx(10.0 * 10_000 / 200)  # lifted, then scaled
 
 
-def test_single_point_is_constant():
+def test_single_point_is_flat_below_and_proportional_above():
     m = LatencyModel([full(128, 16, 7.5)])
-    assert [m.predict_full_ms(t, c) for t, c in [(0, 0), (128, 16), (4096, 512)]] == [7.5, 7.5, 7.5]
+    assert [m.predict_full_ms(t, c) for t, c in [(0, 0), (128, 16), (256, 16), (128, 32)]] == [7.5, 7.5, 15.0, 15.0]
 
 
 @settings(max_examples=60, deadline=None)
