@@ -160,6 +160,12 @@ class KVCacheManager:
             self._counters.hits += 1
             return self._use(entry, pin)
 
+    def peek(self, key: CacheKey) -> SlotLease | None:
+        """The entry of `key` in any state, without counting or touching it."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return None if entry is None else entry.lease()
+
     def find_inflight(self, key: CacheKey) -> SlotLease | None:
         """The RESERVED entry of `key` (its prefill is running), else None."""
         with self._lock:

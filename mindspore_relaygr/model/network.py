@@ -164,3 +164,26 @@ class CandidateGraph(nn.Cell):
         _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo),
                                        self.fused)
         return self.net.logits(hidden)
+
+
+class SlotReadGraph(nn.Cell):
+    """Rows of a slot -> (K [L, h, P, dqk], V [L, h, P, dv], hi [P], lo [P]): spill to host memory."""
+
+    def __init__(self, pool: KVPool) -> None:
+        super().__init__()
+        self.pool = pool
+
+    def construct(self, kv_ids, time_ids):
+        return self.pool.read(kv_ids, time_ids)
+
+
+class SlotWriteGraph(nn.Cell):
+    """Host copies -> rows of a slot, in place: reload from host memory."""
+
+    def __init__(self, pool: KVPool) -> None:
+        super().__init__()
+        self.pool = pool
+
+    def construct(self, kv_ids, time_ids, keys, values, hi, lo):
+        done = self.pool.write(kv_ids, time_ids, keys, values, hi, lo)
+        return ops.depend(ops.reduce_sum(hi[:1]), done)

@@ -94,6 +94,25 @@ class PoolLayout:
         return kv.reshape(-1).astype(np.int32), times.astype(np.int32)
 
 
+@dataclass(frozen=True)
+class SlotCopy:
+    """Host copy of the valid tokens of one slot: what the DRAM tier keeps."""
+
+    keys: np.ndarray  # float32 [L, H, T, d_qk]
+    values: np.ndarray  # float32 [L, H, T, d_v]
+    time_hi: np.ndarray  # float32 [T]
+    time_lo: np.ndarray  # float32 [T]
+    timestamps: np.ndarray  # int64 [T], the host mirror of the tokens' timestamps
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.timestamps.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.keys, self.values, self.time_hi, self.time_lo, self.timestamps))
+
+
 class KVPool(nn.Cell):
     """The pool Parameters and their in-place read/write, used inside the compiled graphs."""
 

@@ -28,7 +28,7 @@ from mindspore_relaygr.model.inputs import (
     validate_candidates,
     validate_history,
 )
-from mindspore_relaygr.model.pool import PoolLayout
+from mindspore_relaygr.model.pool import PoolLayout, SlotCopy
 from mindspore_relaygr.runtime import configure_context
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,14 @@ class RelayGRModel:
         configure_context(config.context)
         import mindspore as ms
 
-        from mindspore_relaygr.model.network import CandidateGraph, FullGraph, HSTUNet, PrefixGraph
+        from mindspore_relaygr.model.network import (
+            CandidateGraph,
+            FullGraph,
+            HSTUNet,
+            PrefixGraph,
+            SlotReadGraph,
+            SlotWriteGraph,
+        )
         from mindspore_relaygr.model.pool import KVPool
 
         self.config = config
@@ -64,6 +71,8 @@ class RelayGRModel:
             "prefix": PrefixGraph(self.net, self.pool, with_past=False, fused=self.fused),
             "extend": PrefixGraph(self.net, self.pool, with_past=True, fused=self.fused),
             "candidate": CandidateGraph(self.net, self.pool, self.fused),
+            "read_slot": SlotReadGraph(self.pool),
+            "write_slot": SlotWriteGraph(self.pool),
         }
         self.prefix_buckets = [b for b in self.cfg.len_buckets if b <= self.layout.slot_len]
         self._user_offsets = user_offsets(self.cfg) if self.cfg.has_user_token else np.zeros(1, np.int32)
@@ -154,6 +163,35 @@ class RelayGRModel:
         """Events cached in `slot` by `prefill` (0 if never written)."""
         held = len(self._slot_times.get(slot, ()))
         return max(0, held - self._user_tokens)
+
+    def export_slot(self, slot: int) -> SlotCopy:
+        """Copy the valid tokens of `slot` to host memory (the device copy stays)."""
+        self.layout.check_slot(slot)
+        times = self._slot_times.get(slot)
+        if times is None or len(times) == 0:
+            raise ValueError(f"slot {slot} holds nothing to export")
+        count = len(times)
+        bucket = bucket_for(count, self.prefix_buckets, "slot")
+        kv_ids, time_ids = self.layout.read_ids(slot, bucket)
+        keys, values, hi, lo = self._graphs["read_slot"](self._tensor(kv_ids), self._tensor(time_ids))
+        # The gather copies the bucket; host memory keeps only the valid tokens.
+        return SlotCopy(keys.asnumpy()[:, :, :count].copy(), values.asnumpy()[:, :, :count].copy(),
+                        hi.asnumpy()[:count].copy(), lo.asnumpy()[:count].copy(), times.copy())
+
+    def import_slot(self, slot: int, copy: SlotCopy) -> None:
+        """Write a host copy made by `export_slot` into `slot` (any slot, not only the original)."""
+        self.layout.check_slot(slot)
+        lay, count = self.layout, copy.num_tokens
+        if copy.keys.shape != (lay.num_layers, lay.num_heads, count, lay.d_qk):
+            raise ValueError(f"slot copy keys of shape {copy.keys.shape} do not fit this pool")
+        bucket = bucket_for(count, self.prefix_buckets, "slot copy")
+        pad = ((0, 0), (0, 0), (0, bucket - count), (0, 0))
+        kv_ids, time_ids = lay.write_ids(slot, 0, count, bucket)
+        keys = np.pad(copy.keys, pad).reshape(-1, lay.d_qk)
+        values = np.pad(copy.values, pad).reshape(-1, lay.d_v)
+        hi, lo = np.pad(copy.time_hi, (0, bucket - count)), np.pad(copy.time_lo, (0, bucket - count))
+        self._call("write_slot", kv_ids, time_ids, keys, values, hi, lo)
+        self._slot_times[slot] = copy.timestamps.copy()
 
     def release_slot(self, slot: int) -> None:
         """Forget what `slot` holds (its rows are overwritten by the next prefill)."""

@@ -1,0 +1,111 @@
+"""RelayCache over the real tiny model: every cache-served score equals rank_full (R1 + R2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from mindspore_relaygr import load_config
+from mindspore_relaygr.cache import DRAMExpander, KVCacheManager
+from mindspore_relaygr.cache.hierarchy import RelayCache
+from mindspore_relaygr.model.inputs import validate_history
+from tests.conftest import CONFIGS, random_history
+
+pytestmark = pytest.mark.slow
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def model():
+    from mindspore_relaygr.model import RelayGRModel
+    from tests.model.conftest import randomize_weights
+
+    m = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=2"]))
+    randomize_weights(m, seed=5)
+    return m
+
+
+def make_cache(model, clock=None):
+    cfg = model.config
+    kwargs = {} if clock is None else {"clock": clock}
+    manager = KVCacheManager(model.num_slots, model.layout.slot_bytes, cfg.cache.lifetime_ms, **kwargs)
+    expander = DRAMExpander(cfg.expander.dram_bytes, cfg.expander.ttl_s, "always", **kwargs)
+    return RelayCache(model, manager, expander, model_version=model.version,
+                      max_suffix_len=cfg.model.max_suffix_len, max_extend_len=cfg.cache.max_extend_len,
+                      max_prefix_len=model.layout.slot_len - 1)
+
+
+def hist(rng, n, feats=(1, 2)):
+    return validate_history(load_config(CONFIGS / "tiny.yaml").model, random_history(rng, n, user_features=list(feats)))
+
+
+def test_tiers_on_the_real_model(model):
+    cache = make_cache(model)
+    rng = np.random.default_rng(0)
+    full = hist(rng, 110)
+    a, b, c = full.slice(0, 60), hist(rng, 50), hist(rng, 40)
+    cands = rng.integers(1, 201, 12)
+    assert cache.prefill("a", a) is not None
+    assert cache.rank("a", full.slice(0, 70), cands)[1] == "device"  # 10-event suffix
+    np.testing.assert_allclose(cache.rank("a", full.slice(0, 70), cands)[0],
+                               model.rank_full(full.slice(0, 70), cands), atol=TOL, rtol=0)
+    cache.prefill("b", b)
+    cache.prefill("c", c)  # 2 slots: a is evicted and spilled
+    scores, tier = cache.rank("a", full.slice(0, 60), cands)
+    assert tier == "dram"
+    np.testing.assert_allclose(scores, model.rank_full(full.slice(0, 60), cands), atol=TOL, rtol=0)
+    scores, tier = cache.rank("a", full, cands)  # 50 new events > 16-event suffix: extend
+    assert tier == "partial"
+    np.testing.assert_allclose(scores, model.rank_full(full, cands), atol=TOL, rtol=0)
+    assert cache.rank("a", full, cands)[1] == "device"  # the entry now holds all 110 events
+    stale = type(full)(full.item_ids.copy(), full.action_ids.copy(), full.timestamps.copy(), full.user_features)
+    stale.timestamps[3] += 1  # same events, one timestamp changed: never served from the cache
+    assert cache.rank("a", stale, cands) is None
+
+
+class ModelMachine(RuleBasedStateMachine):
+    model = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = make_cache(self.model)
+        self.rng = np.random.default_rng(1)
+        self.histories = {}
+
+    @rule(user=st.sampled_from("abc"), n=st.integers(1, 90))
+    def preinfer(self, user, n):
+        self.histories[user] = hist(self.rng, n)
+        self.cache.prefill(user, self.histories[user])
+
+    @rule(user=st.sampled_from("abc"), extra=st.integers(0, 30))
+    def rank(self, user, extra):
+        if user not in self.histories:
+            return
+        h = self.histories[user]
+        if extra:
+            more = hist(self.rng, extra)
+            h = type(h)(np.r_[h.item_ids, more.item_ids], np.r_[h.action_ids, more.action_ids],
+                        np.r_[h.timestamps, h.timestamps[-1] + np.arange(1, extra + 1)], h.user_features)
+        cands = self.rng.integers(1, 201, 5)
+        got = self.cache.rank(user, h, cands)
+        if got is not None:
+            np.testing.assert_allclose(got[0], self.model.rank_full(h, cands), atol=TOL, rtol=0)
+
+    @rule()
+    def evict(self):
+        self.cache.manager.evict_one()
+
+    @invariant()
+    def budget(self):
+        assert self.cache.manager.bytes_in_use() <= self.model.num_slots * self.model.layout.slot_bytes
+
+
+def test_random_operations_on_the_real_model(model):
+    from hypothesis.stateful import run_state_machine_as_test
+
+    ModelMachine.model = model
+    run_state_machine_as_test(ModelMachine, settings=settings(max_examples=8, stateful_step_count=15,
+                                                             deadline=None))
