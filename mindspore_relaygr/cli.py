@@ -86,6 +86,23 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_cache(args: argparse.Namespace) -> int:
+    from mindspore_relaygr.bench.cache_bench import copy_vs_recompute, format_tables, pool_cost_vs_slots
+    from mindspore_relaygr.bench.model_bench import write_report
+
+    cfg = load_config(args.config, args.override)
+    say = lambda msg: print(f"[bench] {msg}", flush=True)  # noqa: E731
+    report = {"config": str(args.config), "copy": copy_vs_recompute(cfg, args.prefix_lens, args.repeats, say)}
+    pool_cfg = load_config(args.config, [f"cache.max_prefix_len={args.pool_prefix_len}", *args.override])
+    report["pool_prefix_len"] = args.pool_prefix_len
+    report["pool"] = pool_cost_vs_slots(pool_cfg, args.slots, args.pool_prefix_len - args.suffix, args.suffix,
+                                        args.repeats, say)
+    print(format_tables(report))
+    write_report(report, Path(args.out))
+    print(f"[bench] wrote {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relaygr", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -109,6 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--repeats", type=int, default=10)
     model.add_argument("--out", default="outputs/bench_model.json")
     model.set_defaults(func=cmd_bench_model)
+
+    cache = bench_sub.add_parser("cache", help="DRAM reload vs recompute; pool cost vs number of slots")
+    _add_config_args(cache, "bench_long.yaml")
+    cache.add_argument("--prefix-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    cache.add_argument("--slots", type=int, nargs="+", default=[16, 64, 256])
+    cache.add_argument("--pool-prefix-len", type=int, default=1024,
+                       help="slot capacity for the pool-size sweep (256 slots of 4096 tokens would need 8.6 GB)")
+    cache.add_argument("--suffix", type=int, default=32)
+    cache.add_argument("--repeats", type=int, default=10)
+    cache.add_argument("--out", default="outputs/bench_cache.json")
+    cache.set_defaults(func=cmd_bench_cache)
     return parser
 
 

@@ -152,6 +152,7 @@ class TriggerConfig:
     max_queued_prefills: int = 8
     prefill_chunk_len: int = 512  # a rank waits at most one chunk behind a prefill
     min_prefix_len: int = 1  # shorter histories are never relayed
+    latency_profile: str | None = None  # JSON written by `relaygr profile`; null: calibrate at start-up
 
     def __post_init__(self) -> None:
         for key in ("slo_ms", "risk_margin", "max_prefill_tokens_per_s"):
@@ -177,12 +178,17 @@ class RelayConfig:
     miss_policy: str = "full"  # full: compute anyway | truncate: rank the last max_online_len events
     max_online_len: int = 512  # the production length cap of the baseline
     inflight_wait_ms: float = 100.0  # how long a rank waits for an in-flight prefill of its key
+    warmup: bool = True  # compile every bucket at start-up (false: on first use, e.g. in tests)
+    overload_slo_factor: float | None = None  # reject (503) when queued ranking > slo_ms * factor
 
     def __post_init__(self) -> None:
         _require(self.miss_policy in MISS_POLICIES, "relay.miss_policy", self.miss_policy,
                  f"must be one of {MISS_POLICIES}")
         _require(self.max_online_len >= 1, "relay.max_online_len", self.max_online_len, "must be >= 1")
         _require(self.inflight_wait_ms >= 0, "relay.inflight_wait_ms", self.inflight_wait_ms, "must be >= 0")
+        if self.overload_slo_factor is not None:
+            _require(self.overload_slo_factor > 0, "relay.overload_slo_factor", self.overload_slo_factor,
+                     "must be > 0")
 
 
 HASH_METHODS = ("rendezvous", "nginx")  # nginx: a port of nginx's `hash ... consistent`
@@ -225,6 +231,62 @@ class ContextConfig:
 
 
 @dataclass
+class DataConfig:
+    """Where the interactions come from and how the leave-one-out evaluation sets are drawn."""
+
+    path: str | None = None  # null: the ML-100K files bundled in recbole==1.2.1; else a MovieLens file or directory
+    min_events: int = 3  # users with fewer events are train-only (not validated or tested)
+    num_eval_negatives: int = 100  # sampled negatives per validation/test user (candidates = 1 + this)
+    eval_seed: int = 0  # the validation/test negatives: identical for every model and run
+
+    def __post_init__(self) -> None:
+        _require(self.min_events >= 3, "data.min_events", self.min_events, "must be >= 3 (train, valid, test)")
+        _require(self.num_eval_negatives >= 1, "data.num_eval_negatives", self.num_eval_negatives, "must be >= 1")
+
+
+@dataclass
+class TrainConfig:
+    """Training of the ranker (one user sequence cut at a random point per step) and of the SASRec baseline."""
+
+    epochs: int = 10
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    num_negatives: int = 31  # sampled negatives per step; 1 + 31 fills a candidate bucket of 32 exactly
+    max_history_len: int | None = None  # null: model.max_seq_len minus the user token
+    examples_per_user: int = 1  # cuts per user and epoch
+    high_rating_weight: float = 1.0  # weight of the high_rating loss (on the positive only) vs engage
+    eval_every: int = 1  # epochs between validations (best checkpoint by validation NDCG@10)
+    max_eval_users: int | None = None  # null: validate on every user
+    log_every: int = 100  # steps between progress lines
+    seed: int = 0  # example order, cut points and training negatives
+    output_dir: str = "outputs/train"
+    sasrec_epochs: int = 40
+    sasrec_lr: float = 1e-3
+    sasrec_d_model: int = 64
+    sasrec_num_layers: int = 2
+    sasrec_num_heads: int = 2
+    sasrec_max_len: int = 200
+    sasrec_batch_size: int = 64
+    sasrec_dropout: float = 0.2
+
+    def __post_init__(self) -> None:
+        for key in ("epochs", "num_negatives", "examples_per_user", "eval_every", "log_every", "sasrec_epochs",
+                    "sasrec_d_model", "sasrec_num_layers", "sasrec_num_heads", "sasrec_max_len",
+                    "sasrec_batch_size"):
+            _require(getattr(self, key) >= 1, f"train.{key}", getattr(self, key), "must be >= 1")
+        for key in ("lr", "sasrec_lr"):
+            _require(getattr(self, key) > 0, f"train.{key}", getattr(self, key), "must be > 0")
+        for key in ("weight_decay", "high_rating_weight"):
+            _require(getattr(self, key) >= 0, f"train.{key}", getattr(self, key), "must be >= 0")
+        for key in ("max_history_len", "max_eval_users"):
+            if getattr(self, key) is not None:
+                _require(getattr(self, key) >= 1, f"train.{key}", getattr(self, key), "must be >= 1")
+        _require(self.sasrec_d_model % self.sasrec_num_heads == 0, "train.sasrec_d_model", self.sasrec_d_model,
+                 f"must be a multiple of train.sasrec_num_heads={self.sasrec_num_heads}")
+        _require(0.0 <= self.sasrec_dropout < 1.0, "train.sasrec_dropout", self.sasrec_dropout, "must be in [0, 1)")
+
+
+@dataclass
 class RelayGRConfig:
     """Root config: one attribute per YAML section."""
 
@@ -235,6 +297,8 @@ class RelayGRConfig:
     relay: RelayConfig = field(default_factory=RelayConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
         _require(self.cache.max_prefix_len in self.model.len_buckets, "cache.max_prefix_len",

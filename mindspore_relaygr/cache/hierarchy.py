@@ -67,6 +67,8 @@ class RelayCache:
         self._latest: dict[str, CacheKey] = {}  # user -> key of the newest prefix relayed for them
         self._inflight: dict[str, CacheKey] = {}  # user -> key being prefilled right now
         self.tier_counts: Counter[str] = Counter()
+        self.on_evicted: Callable[[CacheKey], None] | None = None  # e.g. the engine's wasted-prefill count
+        self._flushing = False
         self.extended_tokens = 0
         manager.on_evict = self._on_evict
 
@@ -122,7 +124,7 @@ class RelayCache:
     def locate(self, user_id: str, history: History) -> tuple[str, CacheKey | None]:
         """Where the user's newest prefix is, if it is a prefix of `history`: (tier, key)."""
         key = next((k for k in (self._inflight.get(user_id), self._latest.get(user_id))
-                    if k is not None and self._matches(k, history)), None)
+                    if k is not None and self.matches(k, history)), None)
         if key is None:
             return "miss", None  # R2: nothing cached for exactly this prefix
         lease = self.manager.peek(key)
@@ -168,7 +170,8 @@ class RelayCache:
         return out
 
     # ----------------------------------------------------------------- internals
-    def _matches(self, key: CacheKey, history: History) -> bool:
+    def matches(self, key: CacheKey, history: History) -> bool:
+        """True iff `key` was built from exactly the first key.prefix_len events of `history` (R2)."""
         return (key.model_version == self.model_version and key.prefix_len <= len(history)
                 and prefix_hash(history, key.prefix_len) == key.prefix_hash)
 
@@ -211,7 +214,27 @@ class RelayCache:
         self.extended_tokens += new_events
         return CacheHit("partial", new_key, hit.slot, len(history))
 
+    def flush(self) -> None:
+        """Drop every READY entry (no spill) and the whole DRAM tier."""
+        self._flushing = True
+        try:
+            for lease in self.manager.leases():
+                if lease.state is EntryState.READY:
+                    try:
+                        self.manager.release(lease.key)
+                    except ValueError:
+                        logger.info("flush: %s is pinned, left in place", lease.key)
+        finally:
+            self._flushing = False
+        if self.expander is not None:
+            for key in list(self._latest.values()):
+                self.expander.discard(key)
+        self._latest.clear()
+
     def _on_evict(self, key: CacheKey, slot: int, was_used: bool, reason: str) -> None:
-        if self.expander is not None and self.expander.should_spill(was_used) and not self.expander.contains(key):
+        spill = self.expander is not None and not self._flushing and self.expander.should_spill(was_used)
+        if spill and not self.expander.contains(key):
             self.expander.put(key, self.store.export_slot(slot))
         self.store.release_slot(slot)
+        if self.on_evicted is not None:
+            self.on_evicted(key)

@@ -1,0 +1,288 @@
+"""RelayEngine: the RelayGR protocol on one instance (one device, one process).
+
+`preinfer` (retrieval time) asks the sequence-aware trigger whether the user's prefix deserves a
+relay and, if so, queues its prefill in chunks on the device thread; it returns at once.
+`rank` (ranking time) is served from the device cache, the DRAM tier, an in-flight prefill of the
+same prefix (waited for, bounded), a partial hit (extend the new events) or, on a miss, full
+inference (or the truncated production baseline when the full path would blow the SLO).
+Every MindSpore call runs on one executor thread; ranks run before pending prefill chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import numpy as np
+
+from mindspore_relaygr.cache import DRAMExpander, KVCacheManager
+from mindspore_relaygr.cache.hierarchy import CacheHit, RelayCache
+from mindspore_relaygr.cache.keys import CacheKey
+from mindspore_relaygr.config import RelayGRConfig
+from mindspore_relaygr.errors import Overloaded
+from mindspore_relaygr.model.inputs import History, validate_candidates, validate_history
+from mindspore_relaygr.relay.executor import PREFILL, RANK, DeviceExecutor
+from mindspore_relaygr.relay.latency import LatencyModel
+from mindspore_relaygr.relay.trigger import SequenceAwareTrigger
+from mindspore_relaygr.relay.types import PreinferResult, RankResult
+
+logger = logging.getLogger(__name__)
+
+
+class RelayEngine:
+    """Pre-infer and rank for one model instance; thread-safe for any number of callers."""
+
+    def __init__(self, config: RelayGRConfig, model: Any, latency: LatencyModel, instance_id: str = "i0") -> None:
+        self.config, self.model, self.latency, self.instance_id = config, model, latency, instance_id
+        cfg = config
+        self._user_tokens = 1 if cfg.model.user_feature_sizes else 0
+        self.executor = DeviceExecutor(name=f"relaygr-device-{instance_id}")
+        manager = KVCacheManager(model.num_slots, model.layout.slot_bytes, cfg.cache.lifetime_ms)
+        expander = None
+        if cfg.expander.enabled:
+            expander = DRAMExpander(cfg.expander.dram_bytes, cfg.expander.ttl_s, cfg.expander.spill_policy)
+        self.cache = RelayCache(model, manager, expander, model_version=model.version,
+                                max_suffix_len=cfg.model.max_suffix_len, max_extend_len=cfg.cache.max_extend_len,
+                                max_prefix_len=model.layout.slot_len - self._user_tokens,
+                                reload_is_cheaper=self._reload_is_cheaper)
+        self.cache.on_evicted = self._on_evicted
+        self.trigger = SequenceAwareTrigger(cfg.trigger, latency, model.layout.slot_bytes, model.num_slots)
+        self._lock = threading.Lock()
+        self._pending: dict[str, tuple[CacheKey, Future]] = {}  # user -> admitted prefill not finished
+        self._unconsumed: dict[str, CacheKey] = {}  # user -> relayed prefix not yet used by a rank
+        self._queued_rank_ms = 0.0
+        self.counters: Counter[str] = Counter()
+        self.ready = True
+
+    @classmethod
+    def from_config(cls, config: RelayGRConfig, instance_id: str = "i0", model: Any = None) -> RelayEngine:
+        """Build the model, warm up every bucket and calibrate (or load) the latency model."""
+        from mindspore_relaygr.model import RelayGRModel
+        from mindspore_relaygr.relay.calibrate import calibrate_latency
+
+        model = model or RelayGRModel(config)
+        if config.relay.warmup:
+            model.warmup()
+        if config.trigger.latency_profile:
+            latency = LatencyModel.from_json(config.trigger.latency_profile)
+        else:
+            latency = calibrate_latency(model, config.trigger.prefill_chunk_len)
+        return cls(config, model, latency, instance_id=instance_id)
+
+    @property
+    def model_version(self) -> str:
+        return self.model.version
+
+    # ------------------------------------------------------------------ pre-infer
+    def preinfer(self, user_id: str, history: Any, num_candidates: int | None = None) -> PreinferResult:
+        """Decide at once whether to relay this prefix; an admitted prefill runs in the background."""
+        hist = validate_history(self.config.model, history)
+        if not self.config.relay.enabled:
+            return self._count_preinfer(PreinferResult(False, "disabled", None, 0.0))
+        key = self.cache.key_for(user_id, hist)
+        tier, found = self.cache.locate(user_id, hist)
+        with self._lock:
+            pending = self._pending.get(user_id)
+            inflight = (pending is not None and pending[0] == key) or (tier == "inflight" and found == key)
+            cached = tier in ("device", "dram") and found == key
+            num_candidates = num_candidates or self.config.model.max_candidates
+            decision = self.trigger.decide(len(hist) + self._user_tokens, num_candidates, cached, inflight)
+            if decision.admitted:
+                future = self.executor.submit_steps(self._prefill_steps(user_id, hist, key), PREFILL)
+                self._pending[user_id] = (key, future)
+                future.add_done_callback(lambda f, u=user_id, k=key: self._prefill_done(u, k, f))
+        short_key = key.prefix_hash[:16] if decision.admitted else None
+        return self._count_preinfer(PreinferResult(decision.admitted, decision.reason, short_key,
+                                                   decision.predicted_full_ms))
+
+    def _prefill_steps(self, user_id: str, hist: History, key: CacheKey):
+        """Device thread: reserve a slot and prefill in chunks, yielding between chunks."""
+        lease = self.cache.reserve(user_id, hist)
+        if lease is None:
+            self.trigger.on_dropped(ready=False)
+            self.counters["prefill_no_slot"] += 1
+            return False
+        chunk = self.config.trigger.prefill_chunk_len
+        try:
+            start = 0
+            while start < len(hist):
+                # The first chunk carries the user token: keep every chunk within chunk_len tokens.
+                end = min(len(hist), start + chunk - (self._user_tokens if start == 0 else 0))
+                self.model.prefill(lease.slot, hist.slice(0, end), start=start)
+                self.counters["prefill_chunks"] += 1
+                start = end
+                if start < len(hist):
+                    yield
+        except BaseException:
+            self.cache.abort(lease)
+            self.trigger.on_dropped(ready=False)
+            raise
+        self.cache.commit(lease)
+        self.trigger.on_ready()
+        with self._lock:
+            self._unconsumed[user_id] = key
+        self.counters["prefills"] += 1
+        return True
+
+    def _prefill_done(self, user_id: str, key: CacheKey, future: Future) -> None:
+        with self._lock:
+            if self._pending.get(user_id, (None,))[0] == key:
+                del self._pending[user_id]
+        if future.exception() is not None:
+            logger.error("prefill for %s failed: %s", user_id, future.exception())
+            self.counters["prefill_errors"] += 1
+
+    # ------------------------------------------------------------------ rank
+    def rank(self, user_id: str, history: Any, candidate_ids: Any, top_k: int | None = None) -> RankResult:
+        """Score every candidate (request order) and rank them; blocks until done."""
+        t0 = time.perf_counter()
+        hist = validate_history(self.config.model, history)
+        cands = validate_candidates(self.config.model, candidate_ids)
+        wait_ms, waited = 0.0, False
+        if self.config.relay.enabled:
+            wait_ms, waited = self._wait_for_inflight(user_id, hist)
+        predicted = self._predicted_rank_ms(hist, cands)
+        self._check_overload(predicted)
+        submitted = time.perf_counter()
+        with self._lock:
+            self._queued_rank_ms += predicted
+        timing: dict[str, float] = {}
+
+        def on_device():
+            start = time.perf_counter()
+            with self._lock:
+                self._queued_rank_ms -= predicted
+            timing["queue"] = (start - submitted) * 1e3
+            out = self._rank_on_device(user_id, hist, cands, waited)
+            timing["compute"] = (time.perf_counter() - start) * 1e3
+            return out
+
+        scores, tier, truncated = self.executor.submit(on_device, RANK).result()
+        timing.update(wait=wait_ms, total=(time.perf_counter() - t0) * 1e3)
+        self.counters[f"rank_{tier}"] += 1
+        self.counters["truncations"] += int(truncated)
+        return RankResult(scores, self._ranking(scores, top_k), tier, truncated, timing)
+
+    def _wait_for_inflight(self, user_id: str, hist: History) -> tuple[float, bool]:
+        with self._lock:
+            pending = self._pending.get(user_id)
+        if pending is None or not self.cache.matches(pending[0], hist):
+            return 0.0, False
+        t0 = time.perf_counter()
+        try:
+            pending[1].result(timeout=self.config.relay.inflight_wait_ms / 1e3)
+        except FutureTimeout:
+            self.counters["inflight_wait_timeouts"] += 1
+        except Exception:  # noqa: BLE001 - the prefill failed: rank without it
+            pass
+        return (time.perf_counter() - t0) * 1e3, True
+
+    def _rank_on_device(self, user_id: str, hist: History, cands: np.ndarray, waited: bool):
+        """Device thread: cache tiers first, then the miss policy. Returns (scores, tier, truncated)."""
+        if not self.config.relay.enabled:
+            return self._rank_truncated(hist, cands, self.config.relay.max_online_len, "bypass")
+        hit = self.cache.acquire(user_id, hist)
+        if hit is None:
+            return self._rank_miss(hist, cands)
+        try:
+            scores = self.model.rank_cached(hit.slot, hit.prefix_len, hist.slice(hit.prefix_len), cands)
+        finally:
+            self.cache.release(hit)
+        self._consume(user_id, hit)
+        return scores, ("inflight" if waited and hit.tier == "device" else hit.tier), False
+
+    def _rank_miss(self, hist: History, cands: np.ndarray):
+        relay = self.config.relay
+        capacity = self.config.model.max_seq_len - self._user_tokens
+        predicted = self.latency.predict_full_ms(len(hist) + self._user_tokens, len(cands))
+        if relay.miss_policy == "truncate" and predicted > self.config.trigger.slo_ms:
+            return self._rank_truncated(hist, cands, min(relay.max_online_len, capacity), "miss")
+        return self._rank_truncated(hist, cands, capacity, "miss")
+
+    def _rank_truncated(self, hist: History, cands: np.ndarray, max_events: int, tier: str):
+        truncated = len(hist) > max_events
+        recent = hist.slice(len(hist) - max_events) if truncated else hist
+        return self.model.rank_full(recent, cands), tier, truncated
+
+    def _consume(self, user_id: str, hit: CacheHit) -> None:
+        with self._lock:
+            relayed = self._unconsumed.pop(user_id, None)
+        if relayed is not None:
+            self.trigger.on_consumed()
+
+    def _on_evicted(self, key: CacheKey) -> None:
+        with self._lock:
+            wasted = self._unconsumed.get(key.user_id) == key
+            if wasted:
+                del self._unconsumed[key.user_id]
+        if wasted:
+            self.trigger.on_dropped(ready=True)
+            self.counters["wasted_prefills"] += 1
+
+    def _ranking(self, scores: np.ndarray, top_k: int | None) -> list[int]:
+        weights = self.config.model.task_weights or [1.0] * scores.shape[1]
+        combined = scores @ np.asarray(weights, np.float32)
+        order = np.argsort(-combined, kind="stable")
+        return order[: top_k or len(order)].tolist()
+
+    def _predicted_rank_ms(self, hist: History, cands: np.ndarray) -> float:
+        return self.latency.predict_full_ms(min(len(hist) + self._user_tokens, self.config.model.max_seq_len),
+                                            len(cands))
+
+    def _check_overload(self, predicted_ms: float) -> None:
+        factor = self.config.relay.overload_slo_factor
+        if factor is None:
+            return
+        with self._lock:
+            queued = self._queued_rank_ms
+        if queued > 0 and queued + predicted_ms > self.config.trigger.slo_ms * factor:
+            self.counters["rejections"] += 1
+            raise Overloaded(f"instance {self.instance_id}: {queued:.0f} ms of ranking queued, SLO "
+                             f"{self.config.trigger.slo_ms:g} ms")
+
+    def _reload_is_cheaper(self, nbytes: int, prefix_len: int) -> bool:
+        bandwidth = self.config.expander.copy_bytes_per_s or 1e9
+        return nbytes / bandwidth * 1e3 < self.latency.predict_prefill_ms(prefix_len + self._user_tokens)
+
+    def _count_preinfer(self, result: PreinferResult) -> PreinferResult:
+        self.counters[f"preinfer_{result.reason}"] += 1
+        return result
+
+    # ------------------------------------------------------------------ admin
+    def wait_prefills(self, timeout: float | None = None) -> None:
+        """Block until every admitted prefill so far has finished (or failed)."""
+        with self._lock:
+            futures = [f for _, f in self._pending.values()]
+        for future in futures:
+            try:
+                future.result(timeout)
+            except FutureTimeout:
+                raise
+            except Exception:  # noqa: BLE001 - a failed prefill is counted, not re-raised here
+                pass
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance_id,
+            "model_version": self.model_version,
+            "ready": self.ready,
+            "relay_enabled": self.config.relay.enabled,
+            "queue_depth": self.executor.depth(),
+            "pending_prefills": len(self._pending),
+            "counters": dict(self.counters),
+            "trigger": {"decisions": self.trigger.counts(), **self.trigger.state()},
+            "cache": self.cache.stats(),
+        }
+
+    def flush(self) -> None:
+        """Drop every cached prefix (device and DRAM); in-flight prefills finish normally."""
+        self.executor.submit(self.cache.flush).result()
+
+    def close(self) -> None:
+        self.ready = False
+        self.executor.close()

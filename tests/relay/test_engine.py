@@ -1,0 +1,174 @@
+"""RelayEngine on the tiny model: hand-off, in-flight waits, misses, baseline, concurrency, shutdown."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from mindspore_relaygr import load_config
+from mindspore_relaygr.relay.engine import RelayEngine
+from mindspore_relaygr.relay.latency import LatencyModel, LatencyPoint
+from tests.conftest import CONFIGS, random_history
+
+pytestmark = pytest.mark.slow
+TOL = 1e-5
+BASE = ["relay.warmup=false", "trigger.slo_ms=50", "trigger.prefill_chunk_len=32", "cache.num_slots=4"]
+
+
+def latency(full_ms: float) -> LatencyModel:
+    return LatencyModel([LatencyPoint("full", 128, 32, 0, full_ms), LatencyPoint("relay", 128, 16, 32, 5.0),
+                         LatencyPoint("prefill", 128, 0, 0, 20.0)])
+
+
+@pytest.fixture(scope="module")
+def model():
+    from mindspore_relaygr.model import RelayGRModel
+    from tests.model.conftest import randomize_weights
+
+    m = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=4"]))
+    randomize_weights(m, seed=3)
+    return m
+
+
+@pytest.fixture
+def make_engine(model):
+    engines = []
+
+    def make(*overrides, full_ms=200.0):
+        eng = RelayEngine(load_config(CONFIGS / "tiny.yaml", [*BASE, *overrides]), model, latency(full_ms))
+        engines.append(eng)
+        return eng
+
+    yield make
+    for eng in engines:
+        eng.close()
+
+
+def hist(seed, n=100):
+    return random_history(np.random.default_rng(seed), n, user_features=[1, 2])
+
+
+def expected(model, engine, h, cands):
+    """Reference scores computed on the engine's device thread (never two MindSpore callers at once)."""
+    return engine.executor.submit(lambda: model.rank_full(h, cands)).result()
+
+
+def test_rank_after_preinfer_is_served_from_the_cache(make_engine, model):
+    eng = make_engine()
+    h, cands = hist(1), np.arange(1, 21)
+    decision = eng.preinfer("u1", h, num_candidates=20)
+    assert decision.admitted and decision.reason == "admitted" and decision.cache_key
+    eng.wait_prefills(60)
+    res = eng.rank("u1", h, cands, top_k=5)
+    assert res.cache == "device"
+    np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
+    assert len(res.ranking) == 5 and res.scores[res.ranking[0]].sum() == res.scores.sum(1).max()
+    assert eng.counters["prefill_chunks"] == 4  # 101 tokens in chunks of 32
+    assert eng.preinfer("u1", h).reason == "already_cached"
+
+
+def test_rank_during_the_prefill_waits_for_it_and_only_one_prefill_runs(make_engine, model):
+    eng = make_engine("relay.inflight_wait_ms=10000")
+    calls = []
+    original = model.prefill
+    model.prefill = lambda *a, **k: calls.append(a[0]) or original(*a, **k)
+    try:
+        gate = threading.Event()
+        eng.executor.submit(lambda: gate.wait(10))  # hold the device so the prefill is still queued
+        h, cands = hist(2), np.arange(5, 25)
+        assert eng.preinfer("u2", h).admitted
+        assert eng.preinfer("u2", h).reason == "inflight"
+        with ThreadPoolExecutor(1) as pool:
+            ranked = pool.submit(eng.rank, "u2", h, cands)
+            time.sleep(0.2)
+            gate.set()
+            res = ranked.result(60)
+    finally:
+        model.prefill = original
+    assert res.cache == "inflight" and res.timings_ms["wait"] > 0
+    np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
+    assert eng.counters["prefills"] == 1 and len(calls) == 4
+
+
+def test_rank_without_preinfer_falls_back_to_full_inference(make_engine, model):
+    eng = make_engine()
+    h, cands = hist(3), np.arange(30, 40)
+    res = eng.rank("u3", h, cands)
+    assert res.cache == "miss" and not res.truncated
+    np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
+
+
+def test_truncate_policy_and_baseline_mode(make_engine, model):
+    h, cands = hist(4, 120), np.arange(1, 9)
+    recent = {k: (v if k == "user_features" else v[-50:]) for k, v in h.items()}
+    eng = make_engine("relay.miss_policy=truncate", "relay.max_online_len=50")
+    res = eng.rank("u4", h, cands)
+    assert res.cache == "miss" and res.truncated
+    np.testing.assert_allclose(res.scores, expected(model, eng, recent, cands), atol=TOL, rtol=0)
+    base = make_engine("relay.enabled=false", "relay.max_online_len=50")
+    assert base.preinfer("u4", h).reason == "disabled"
+    res = base.rank("u4", h, cands)
+    assert res.cache == "bypass" and res.truncated
+    np.testing.assert_allclose(res.scores, expected(model, base, recent, cands), atol=TOL, rtol=0)
+
+
+def test_not_at_risk_requests_are_not_relayed(make_engine):
+    eng = make_engine(full_ms=10.0)  # 10 ms < 50 ms * 0.8
+    decision = eng.preinfer("u5", hist(5))
+    assert not decision.admitted and decision.reason == "not_at_risk" and decision.cache_key is None
+
+
+def test_a_rank_submitted_during_a_long_prefill_finishes_first(make_engine):
+    eng = make_engine()
+    done = {}
+    gate = threading.Event()
+    eng.executor.submit(lambda: gate.wait(10))
+    assert eng.preinfer("long", hist(6, 127)).admitted
+    eng.executor.submit_steps(iter(()), priority=1).add_done_callback(  # queued right behind the prefill
+        lambda f: done.setdefault("prefill", time.perf_counter()))
+    with ThreadPoolExecutor(1) as pool:
+        ranked = pool.submit(lambda: eng.rank("other", hist(7, 20), [1, 2, 3]))
+        gate.set()
+        ranked.result(60)
+        done["rank"] = time.perf_counter()
+    eng.wait_prefills(60)
+    assert done["rank"] < done["prefill"]
+
+
+def test_eight_threads_never_crash_and_always_get_correct_scores(make_engine, model):
+    eng = make_engine("relay.inflight_wait_ms=5000")
+    users = {f"c{i}": hist(100 + i, 40 + 10 * i) for i in range(6)}
+    cands = np.arange(1, 17)
+    want = {u: expected(model, eng, h, cands) for u, h in users.items()}
+
+    def client(i):
+        rng = np.random.default_rng(i)
+        out = []
+        for _ in range(6):
+            user = f"c{rng.integers(6)}"
+            if rng.random() < 0.4:
+                eng.preinfer(user, users[user])
+            else:
+                res = eng.rank(user, users[user], cands)
+                out.append(float(np.abs(res.scores - want[user]).max()))
+        return out
+
+    with ThreadPoolExecutor(8) as pool:
+        diffs = [d for f in [pool.submit(client, i) for i in range(8)] for d in f.result(120)]
+    assert diffs and max(diffs) <= TOL
+    stats = eng.stats()
+    assert sum(v for k, v in stats["counters"].items() if k.startswith("rank_")) == len(diffs)
+
+
+def test_close_leaves_no_threads_behind(model):
+    before = {t.name for t in threading.enumerate()}
+    eng = RelayEngine(load_config(CONFIGS / "tiny.yaml", BASE), model, latency(200.0), instance_id="closing")
+    eng.preinfer("z", hist(9))
+    eng.rank("z", hist(9), [1, 2])
+    eng.close()
+    after = {t.name for t in threading.enumerate()}
+    assert "relaygr-device-closing" not in after and after <= before | {"MainThread"}
