@@ -103,6 +103,44 @@ def cmd_bench_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_engine(args: argparse.Namespace) -> int:
+    from mindspore_relaygr.bench.engine_bench import format_table, run_engine_bench
+    from mindspore_relaygr.bench.model_bench import write_report
+    from mindspore_relaygr.bench.workload import WorkloadSpec
+
+    cfg = load_config(args.config, args.override)
+    spec = WorkloadSpec(num_users=args.users, num_requests=args.requests, median_len=args.median_len,
+                        max_len=min(args.max_len, cfg.model.max_seq_len - (1 if cfg.model.user_feature_sizes else 0)),
+                        gap_ms=args.gap_ms, num_candidates=args.candidates, num_items=cfg.model.num_items,
+                        num_actions=cfg.model.num_actions, seed=args.seed)
+    report = run_engine_bench(cfg, spec, args.loads, args.time_limit,
+                              progress=lambda msg: print(f"[bench] {msg}", flush=True))
+    print(format_table(report))
+    write_report(report, Path(args.out))
+    save_config(cfg, Path(args.out).with_suffix(".config.yaml"))
+    print(f"[bench] wrote {args.out}")
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from mindspore_relaygr.model import RelayGRModel
+    from mindspore_relaygr.relay.calibrate import calibrate_latency
+    from mindspore_relaygr.relay.engine import engine_chunk_bucket
+
+    cfg = load_config(args.config, args.override)
+    model = RelayGRModel(cfg)
+    if args.checkpoint:
+        model.load_checkpoint(args.checkpoint)
+    t0 = time.perf_counter()
+    model.warmup(max_chunk=engine_chunk_bucket(model, cfg))
+    latency = calibrate_latency(model, cfg.trigger.prefill_chunk_len, repeats=args.repeats)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    latency.to_json(args.out)
+    print(f"[profile] {sum(1 for _ in latency.kinds)} kinds in {time.perf_counter() - t0:.0f} s -> {args.out} "
+          f"(use it with -o trigger.latency_profile={args.out})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relaygr", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -137,6 +175,27 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--repeats", type=int, default=10)
     cache.add_argument("--out", default="outputs/bench_cache.json")
     cache.set_defaults(func=cmd_bench_cache)
+
+    engine = bench_sub.add_parser("engine", help="relay vs baseline engine under an open-loop cascade workload")
+    _add_config_args(engine, "bench_long.yaml")
+    engine.add_argument("--loads", type=float, nargs="+", default=[1.0, 2.0, 3.0], help="offered QPS levels")
+    engine.add_argument("--requests", type=int, default=100, help="requests per load level and mode")
+    engine.add_argument("--users", type=int, default=150)
+    engine.add_argument("--median-len", type=int, default=1024)
+    engine.add_argument("--max-len", type=int, default=4096)
+    engine.add_argument("--candidates", type=int, default=128)
+    engine.add_argument("--gap-ms", type=float, default=50.0, help="mean retrieval -> ranking gap")
+    engine.add_argument("--time-limit", type=float, default=120.0, help="seconds per run (bounded load)")
+    engine.add_argument("--seed", type=int, default=0)
+    engine.add_argument("--out", default="outputs/bench_engine.json")
+    engine.set_defaults(func=cmd_bench_engine)
+
+    profile = sub.add_parser("profile", help="calibrate the latency model on the compiled graphs, write JSON")
+    _add_config_args(profile, "bench_long.yaml")
+    profile.add_argument("--checkpoint", default=None)
+    profile.add_argument("--repeats", type=int, default=3)
+    profile.add_argument("--out", default="outputs/latency_profile.json")
+    profile.set_defaults(func=cmd_profile)
     return parser
 
 

@@ -197,14 +197,19 @@ class RelayGRModel:
         """Forget what `slot` holds (its rows are overwritten by the next prefill)."""
         self._slot_times.pop(slot, None)
 
-    def warmup(self, graphs: Sequence[str] = GRAPH_KINDS) -> dict[str, Any]:
-        """Compile every bucket of the chosen graphs now, so no request pays for a compile."""
+    def warmup(self, graphs: Sequence[str] = GRAPH_KINDS, max_chunk: int | None = None) -> dict[str, Any]:
+        """Compile every bucket of the chosen graphs now, so no request pays for a compile.
+
+        max_chunk: compile prefix graphs only for chunks up to this many tokens (chunked prefill).
+        """
         unknown = set(graphs) - set(GRAPH_KINDS)
         if unknown:
             raise ValueError(f"graphs={sorted(unknown)}: unknown; choose from {GRAPH_KINDS}")
         t0, count = time.perf_counter(), 0
         for kind in graphs:
             for shape in self.graph_shapes(kind):
+                if kind == "prefix" and max_chunk is not None and shape[1] > max_chunk:
+                    continue
                 self._run_dummy(kind, shape)
                 count += 1
         seconds = time.perf_counter() - t0

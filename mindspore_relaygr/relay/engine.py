@@ -34,6 +34,14 @@ from mindspore_relaygr.relay.types import PreinferResult, RankResult
 logger = logging.getLogger(__name__)
 
 
+def engine_chunk_bucket(model: Any, config: RelayGRConfig) -> int:
+    """Largest prefix-graph chunk the engine uses: a prefill chunk or an incremental extension."""
+    from mindspore_relaygr.model.inputs import bucket_for
+
+    chunk = max(config.trigger.prefill_chunk_len, config.cache.max_extend_len)
+    return bucket_for(min(chunk, model.prefix_buckets[-1]), model.prefix_buckets, "chunk")
+
+
 class RelayEngine:
     """Pre-infer and rank for one model instance; thread-safe for any number of callers."""
 
@@ -67,7 +75,7 @@ class RelayEngine:
 
         model = model or RelayGRModel(config)
         if config.relay.warmup:
-            model.warmup()
+            model.warmup(max_chunk=engine_chunk_bucket(model, config))
         if config.trigger.latency_profile:
             latency = LatencyModel.from_json(config.trigger.latency_profile)
         else:

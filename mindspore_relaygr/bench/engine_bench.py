@@ -1,0 +1,87 @@
+"""`relaygr bench engine`: relay vs baseline on the in-process engine, same model, same workload.
+
+For each offered load the two modes run back to back (alternating which goes first, so machine
+drift hits both): baseline = relay.enabled false (full inference on the most recent
+relay.max_online_len events); relay = pre-infer at retrieval time, rank from the cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from mindspore_relaygr.bench.loadgen import run_open_loop, summarize
+from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
+from mindspore_relaygr.config import RelayGRConfig
+from mindspore_relaygr.relay.calibrate import calibrate_latency
+
+
+def engine_for(config: RelayGRConfig, model: Any, latency: Any, relay: bool):
+    from mindspore_relaygr.relay.engine import RelayEngine
+
+    cfg = replace(config, relay=replace(config.relay, enabled=relay))
+    return RelayEngine(cfg, model, latency, instance_id="relay" if relay else "baseline")
+
+
+def run_one(engine: Any, workload: Workload, relay: bool, time_limit_s: float | None) -> dict[str, Any]:
+    user_id = "user-{}".format
+
+    def preinfer(req):
+        res = engine.preinfer(user_id(req.user), workload.history(req), workload.spec.num_candidates)
+        return res.reason, False, 202
+
+    def rank(req):
+        res = engine.rank(user_id(req.user), workload.history(req), workload.candidates(req), top_k=10)
+        return res.cache, res.truncated, 200
+
+    outcomes = run_open_loop(workload, preinfer if relay else None, rank, time_limit_s=time_limit_s)
+    engine.wait_prefills(600)
+    summary = summarize(outcomes, workload.spec.qps)
+    summary["engine"] = engine.stats()["counters"]
+    summary["wasted_prefills"] = summary["engine"].get("wasted_prefills", 0)
+    return summary
+
+
+def run_engine_bench(config: RelayGRConfig, spec: WorkloadSpec, loads: list[float], time_limit_s: float | None,
+                     progress: Callable[[str], None]) -> dict[str, Any]:
+    from mindspore_relaygr.model import RelayGRModel
+    from mindspore_relaygr.relay.engine import engine_chunk_bucket
+
+    model = RelayGRModel(config)
+    t0 = time.perf_counter()
+    model.warmup(max_chunk=engine_chunk_bucket(model, config))
+    latency = calibrate_latency(model, config.trigger.prefill_chunk_len)
+    progress(f"warm-up + calibration {time.perf_counter() - t0:.0f} s; predicted full path at "
+             f"{spec.max_len} tokens / {spec.num_candidates} candidates: "
+             f"{latency.predict_full_ms(spec.max_len, spec.num_candidates):.0f} ms")
+    rows = []
+    for i, qps in enumerate(loads):
+        workload = Workload.generate(replace(spec, qps=qps))
+        for relay in ((False, True) if i % 2 == 0 else (True, False)):
+            engine = engine_for(config, model, latency, relay)
+            try:
+                summary = run_one(engine, workload, relay, time_limit_s)
+            finally:
+                engine.close()
+            summary["mode"] = "relay" if relay else "baseline"
+            rows.append(summary)
+            progress(f"{qps:g} QPS {summary['mode']:>8}: p50 {summary['p50_ms']:.0f} ms, p99 {summary['p99_ms']:.0f} "
+                     f"ms, hit rate {summary['hit_rate']:.2f}, truncated {summary['truncations']}, "
+                     f"errors {summary['errors']}")
+    return {"spec": spec.__dict__, "slo_ms": config.trigger.slo_ms, "max_online_len": config.relay.max_online_len,
+            "results": rows}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    head = (f"{'QPS':>5} {'mode':>8} | {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} | {'achieved':>8} | "
+            f"{'hit rate':>8} {'truncated':>9} {'errors':>6} | tiers / trigger")
+    lines = [f"SLO {report['slo_ms']:g} ms, baseline cap {report['max_online_len']} events", head, "-" * len(head)]
+    for r in report["results"]:
+        extra = dict(r["tiers"])
+        extra.update({f"t:{k}": v for k, v in r["trigger"].items()})
+        lines.append(f"{r['offered_qps']:>5g} {r['mode']:>8} | {r['p50_ms']:>7.0f} {r['p99_ms']:>7.0f} "
+                     f"{r['max_ms']:>7.0f} | {r['achieved_qps']:>8.2f} | {r['hit_rate']:>8.2f} "
+                     f"{r['truncations']:>9} {r['errors']:>6} | {extra}")
+    return "\n".join(lines)

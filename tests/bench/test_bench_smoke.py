@@ -1,0 +1,44 @@
+"""Each `relaygr bench` command runs end to end on the tiny config and writes its JSON (no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mindspore_relaygr.cli import main
+from tests.conftest import CONFIGS
+
+pytestmark = pytest.mark.slow
+TINY = str(CONFIGS / "tiny.yaml")
+
+
+def test_bench_model(tmp_path, capsys):
+    out = tmp_path / "model.json"
+    assert main(["bench", "model", "--config", TINY, "--prefix-lens", "64", "--candidates", "8", "--suffix", "8",
+                 "--repeats", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert {r["path"] for r in report["results"]} == {"full", "prefill", "cached"}
+    assert report["matmul_gflops"] > 0 and "full/cached" in capsys.readouterr().out
+    assert (tmp_path / "model.config.yaml").is_file()
+
+
+def test_bench_cache(tmp_path):
+    out = tmp_path / "cache.json"
+    assert main(["bench", "cache", "--config", TINY, "--prefix-lens", "32", "64", "--slots", "2", "3",
+                 "--pool-prefix-len", "64", "--suffix", "8", "--repeats", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["prefix_len"] for r in report["copy"]] == [32, 64]
+    assert [r["num_slots"] for r in report["pool"]] == [2, 3]
+
+
+def test_bench_engine(tmp_path):
+    out = tmp_path / "engine.json"
+    assert main(["bench", "engine", "--config", TINY, "-o", "trigger.slo_ms=1", "-o", "relay.max_online_len=32",
+                 "--loads", "20", "--requests", "12", "--users", "4", "--median-len", "40", "--max-len", "100",
+                 "--candidates", "16", "--time-limit", "10", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    modes = {r["mode"]: r for r in report["results"]}
+    assert set(modes) == {"baseline", "relay"}
+    assert modes["baseline"]["tiers"].keys() == {"bypass"} and modes["relay"]["errors"] == 0
+    assert modes["relay"]["trigger"].get("admitted", 0) > 0
