@@ -96,6 +96,12 @@ void bias_silu_row(const float *__restrict s, const int32_t *__restrict ix, cons
   }
 }
 
+// Rows that share one bias row (candidates): bias and mask were looked up once for the whole block.
+void bias_silu_shared_row(const float *__restrict s, const float *__restrict bias, const float *__restrict keep,
+                          float *__restrict o, int64_t cols) {
+  for (int64_t j = 0; j < cols; ++j) o[j] = keep[j] * silu(s[j] + bias[j]);
+}
+
 struct RabQuery {
   int32_t pos;
   float hi, lo;
@@ -185,11 +191,24 @@ int BiasSilu(int nparam, void **params, int *ndims, int64_t **shapes, const char
   const int64_t idx_rows = shapes[1][0];
   const int64_t table_cols = shapes[2][1];
   const int32_t mask = static_cast<int32_t>(table_cols - 1);
+  if (idx_rows == 1) {
+    std::vector<float> bias(heads * cols), keep(cols);
+    for (int64_t j = 0; j < cols; ++j) keep[j] = static_cast<float>(idx[j] != mask);
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t j = 0; j < cols; ++j) bias[h * cols + j] = table[h * table_cols + idx[j]];
+    }
+    parallel_rows(heads * rows, cols, [&](int64_t r0, int64_t r1) {
+      for (int64_t hr = r0; hr < r1; ++hr) {
+        bias_silu_shared_row(scores + hr * cols, bias.data() + (hr / rows) * cols, keep.data(), out + hr * cols,
+                             cols);
+      }
+    });
+    return 0;
+  }
   parallel_rows(heads * rows, cols, [&](int64_t r0, int64_t r1) {
     for (int64_t hr = r0; hr < r1; ++hr) {
       const int64_t h = hr / rows, r = hr % rows;
-      bias_silu_row(scores + hr * cols, idx + (idx_rows == 1 ? 0 : r) * cols, table + h * table_cols,
-                    out + hr * cols, cols, mask);
+      bias_silu_row(scores + hr * cols, idx + r * cols, table + h * table_cols, out + hr * cols, cols, mask);
     }
   });
   return 0;

@@ -58,27 +58,26 @@ class HSTUNet(nn.Cell):
         """Run all layers.
 
         x [n, d] new tokens; meta = (pos [n] int32, time hi [n], time lo [n], valid [n] bool).
-        past = None or (K [L, h, P, dqk], V [L, h, P, dv], pos [P], hi [P], lo [P], valid [P]).
+        past = None or (K per layer [h, P, dqk], V per layer [h, P, dv], pos [P], hi [P], lo [P], valid [P]).
         cand = None or [M, d]; cand_meta = (pos [1], hi [1], lo [1]): all candidates share them.
         fused (a constant) picks the fused CPU kernels or the reference ops for the pointwise part.
+        Pointwise attention has no softmax normaliser, so attention over [past | new] keys is the sum
+        of the two parts: cached K/V are used as read, never concatenated.
         Returns (new K per layer [h, n, dqk], new V per layer [h, n, dv], candidate hidden or None).
         """
-        keys_meta = meta
-        num_past = 0
-        if past is not None:
-            num_past = past[2].shape[0]
-            keys_meta = tuple(ops.concat((past[2 + i], meta[i])) for i in range(4))
         blocks = query_blocks(x.shape[0], self.block_len)
+        past_meta = None if past is None else past[2:]
         # Bias is built once per request and reused by every layer; candidates share one row.
         block_bias = ()
         for s, e in blocks:
-            end = num_past + e  # causal: keys after a block's last row are never visible
             q_meta = tuple(take(m, s, e) for m in meta[:3])
-            k_meta = tuple(take(m, 0, end) for m in keys_meta)
-            block_bias += (self.rab.prepare(fused, q_meta, k_meta),)
+            new_bias = self.rab.prepare(fused, q_meta, tuple(take(m, 0, e) for m in meta))
+            past_bias = None if past is None else self.rab.prepare(fused, q_meta, past_meta)
+            block_bias += ((new_bias, past_bias),)
         cand_bias = None
         if cand is not None:
-            cand_bias = self.rab.prepare(fused, cand_meta, keys_meta)
+            cand_bias = (self.rab.prepare(fused, cand_meta, meta),
+                         None if past is None else self.rab.prepare(fused, cand_meta, past_meta))
         self_bias = self.rab.self_bias()  # [h, 1]
 
         new_keys, new_values = (), ()
@@ -87,13 +86,10 @@ class HSTUNet(nn.Cell):
             u, v, q, k = layer.project(x)
             new_keys += (k,)
             new_values += (v,)
-            k_all, v_all = k, v
-            if past is not None:
-                k_all = ops.concat((ops.squeeze(take(past[0], layer_id, layer_id + 1), 0), k), axis=1)
-                v_all = ops.concat((ops.squeeze(take(past[1], layer_id, layer_id + 1), 0), v), axis=1)
+            past_kv = None if past is None else (past[0][layer_id], past[1][layer_id])
             if cand is not None:
                 uc, vc, qc, kc = layer.project(cand)
-                av_c = pointwise_attention(self.rab, fused, qc, k_all, v_all, cand_bias, self.inv_norm)
+                av_c = self._attend(fused, qc, k, v, past_kv, cand_bias)
                 # M-FALCON: each candidate also sees itself (and no other candidate).
                 self_attn = ops.silu(ops.sum(qc * kc, -1) + self_bias)  # [h, M]
                 av_c = av_c + ops.expand_dims(self_attn, -1) * vc * self.inv_norm
@@ -101,11 +97,17 @@ class HSTUNet(nn.Cell):
             if layer_id < last:  # the last layer's token outputs feed nothing: only its K/V are used
                 av = ()
                 for b, (s, e) in enumerate(blocks):
-                    end = num_past + e
-                    av += (pointwise_attention(self.rab, fused, take(q, s, e, 1), take(k_all, 0, end, 1),
-                                               take(v_all, 0, end, 1), block_bias[b], self.inv_norm),)
+                    av += (self._attend(fused, take(q, s, e, 1), take(k, 0, e, 1), take(v, 0, e, 1), past_kv,
+                                        block_bias[b]),)
                 x = layer.finish(x, ops.concat(av, axis=1) if len(av) > 1 else av[0], u)
         return new_keys, new_values, cand
+
+    def _attend(self, fused, q, k_new, v_new, past_kv, bias):
+        """Attention of q over new keys (causal part) plus, if any, the cached past keys."""
+        out = pointwise_attention(self.rab, fused, q, k_new, v_new, bias[0], self.inv_norm)
+        if past_kv is not None:
+            out = out + pointwise_attention(self.rab, fused, q, past_kv[0], past_kv[1], bias[1], self.inv_norm)
+        return out
 
 
 class FullGraph(nn.Cell):

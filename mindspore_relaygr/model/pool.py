@@ -131,12 +131,18 @@ class KVPool(nn.Cell):
         self.time_lo = Parameter(initializer("zeros", (layout.time_rows,), mstype.float32),
                                  name="kv_pool_time_lo", requires_grad=False)
 
-    def read(self, kv_ids: Tensor, time_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """-> K [L, H, P, d_qk], V [L, H, P, d_v], time hi [P], time lo [P]."""
+    def read(self, kv_ids: Tensor, time_ids: Tensor) -> tuple[tuple, tuple, Tensor, Tensor]:
+        """-> (K [H, P, d_qk] per layer), (V [H, P, d_v] per layer), time hi [P], time lo [P].
+
+        One gather per layer and tensor kind: the result is used in place, never sliced again.
+        """
         lay = self.layout
-        shape = (lay.num_layers, lay.num_heads, -1)
-        keys = ops.reshape(ops.gather(self.keys, kv_ids, 0), shape + (lay.d_qk,))
-        values = ops.reshape(ops.gather(self.values, kv_ids, 0), shape + (lay.d_v,))
+        per_layer = kv_ids.shape[0] // lay.num_layers
+        keys, values = (), ()
+        for layer in range(lay.num_layers):
+            ids = ops.slice(kv_ids, (layer * per_layer,), (per_layer,))
+            keys += (ops.reshape(ops.gather(self.keys, ids, 0), (lay.num_heads, -1, lay.d_qk)),)
+            values += (ops.reshape(ops.gather(self.values, ids, 0), (lay.num_heads, -1, lay.d_v)),)
         return keys, values, ops.gather(self.time_hi, time_ids, 0), ops.gather(self.time_lo, time_ids, 0)
 
     def write(self, kv_ids: Tensor, time_ids: Tensor, keys: Tensor, values: Tensor, hi: Tensor,

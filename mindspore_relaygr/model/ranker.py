@@ -175,8 +175,9 @@ class RelayGRModel:
         kv_ids, time_ids = self.layout.read_ids(slot, bucket)
         keys, values, hi, lo = self._graphs["read_slot"](self._tensor(kv_ids), self._tensor(time_ids))
         # The gather copies the bucket; host memory keeps only the valid tokens.
-        return SlotCopy(keys.asnumpy()[:, :, :count].copy(), values.asnumpy()[:, :, :count].copy(),
-                        hi.asnumpy()[:count].copy(), lo.asnumpy()[:count].copy(), times.copy())
+        keys = np.stack([k.asnumpy()[:, :count] for k in keys])
+        values = np.stack([v.asnumpy()[:, :count] for v in values])
+        return SlotCopy(keys, values, hi.asnumpy()[:count].copy(), lo.asnumpy()[:count].copy(), times.copy())
 
     def import_slot(self, slot: int, copy: SlotCopy) -> None:
         """Write a host copy made by `export_slot` into `slot` (any slot, not only the original)."""
