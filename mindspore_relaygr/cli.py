@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from mindspore_relaygr.config import load_config, save_config
 from mindspore_relaygr.errors import RelayGRError
@@ -141,6 +143,61 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _headline_spec(args: argparse.Namespace, cfg) -> Any:
+    from mindspore_relaygr.bench.workload import WorkloadSpec
+
+    max_len = min(args.max_len, cfg.model.max_seq_len - (1 if cfg.model.user_feature_sizes else 0))
+    return WorkloadSpec(num_users=args.users, num_requests=args.requests, median_len=min(args.median_len, max_len),
+                        max_len=max_len, min_len=min(64, max_len), gap_ms=args.gap_ms, num_candidates=args.candidates,
+                        zipf_a=args.zipf, num_items=cfg.model.num_items, num_actions=cfg.model.num_actions,
+                        seed=args.seed)
+
+
+def cmd_bench_headline(args: argparse.Namespace) -> int:
+    from mindspore_relaygr.bench import headline, plots
+    from mindspore_relaygr.bench.model_bench import write_report
+
+    cfg = load_config(args.config, [f"trigger.slo_ms={args.slo_ms}", *args.override])
+    spec = _headline_spec(args, cfg)
+    say = lambda msg: print(f"[bench] {msg}", flush=True)  # noqa: E731
+    model, latency = headline.prepare(cfg, say)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"spec": spec.__dict__, "config": str(args.config)}
+    if args.bench == "slo-throughput":
+        res = headline.slo_throughput(cfg, model, latency, spec, args.loads, args.slo_ms, args.time_limit, say)
+        report["slo_throughput"] = res
+        plots.plot_slo_throughput(res, out.with_suffix(".png"))
+        if args.ablation:
+            abl_spec = dataclasses.replace(spec, qps=args.ablation_qps or args.loads[0])
+            report["ablation"] = headline.ablation(cfg, model, latency, abl_spec, args.slo_ms, args.time_limit, say)
+            plots.plot_ablation(report["ablation"], args.slo_ms, out.with_name(out.stem + "_ablation.png"))
+    else:
+        res = headline.max_seq(cfg, model, latency, spec, args.lengths, args.qps, args.slo_ms, args.time_limit, say)
+        report["max_seq"] = res
+        plots.plot_max_seq(res, out.with_suffix(".png"))
+    print(headline.format_report(report))
+    write_report(report, out)
+    save_config(cfg, out.with_suffix(".config.yaml"))
+    print(f"[bench] wrote {out} and plots next to it")
+    return 0
+
+
+def _add_headline_args(parser: argparse.ArgumentParser, default_out: str) -> None:
+    _add_config_args(parser, "bench_long.yaml")
+    parser.add_argument("--slo-ms", type=float, default=250.0, help="ranking P99 budget (see the model-zoo README)")
+    parser.add_argument("--requests", type=int, default=80, help="requests per point and mode")
+    parser.add_argument("--users", type=int, default=60)
+    parser.add_argument("--median-len", type=int, default=2048)
+    parser.add_argument("--max-len", type=int, default=4096)
+    parser.add_argument("--candidates", type=int, default=128)
+    parser.add_argument("--gap-ms", type=float, default=250.0, help="mean retrieval -> ranking gap")
+    parser.add_argument("--zipf", type=float, default=1.2, help="user revisit skew")
+    parser.add_argument("--time-limit", type=float, default=90.0, help="seconds per run (bounded load)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=default_out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relaygr", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -189,6 +246,19 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--out", default="outputs/bench_engine.json")
     engine.set_defaults(func=cmd_bench_engine)
+
+    slo = bench_sub.add_parser("slo-throughput", help="highest QPS with rank P99 <= SLO: relay vs baseline")
+    _add_headline_args(slo, "outputs/slo_throughput.json")
+    slo.add_argument("--loads", type=float, nargs="+", default=[0.5, 1.0, 2.0, 3.0, 4.0])
+    slo.add_argument("--ablation", action="store_true", help="also run relay with each mechanism disabled")
+    slo.add_argument("--ablation-qps", type=float, default=None)
+    slo.set_defaults(func=cmd_bench_headline)
+
+    seq = bench_sub.add_parser("max-seq", help="longest history with rank P99 <= SLO at a fixed load")
+    _add_headline_args(seq, "outputs/max_seq.json")
+    seq.add_argument("--qps", type=float, default=1.0)
+    seq.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4095])
+    seq.set_defaults(func=cmd_bench_headline)
 
     profile = sub.add_parser("profile", help="calibrate the latency model on the compiled graphs, write JSON")
     _add_config_args(profile, "bench_long.yaml")

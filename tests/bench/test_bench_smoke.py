@@ -11,12 +11,33 @@ from tests.conftest import CONFIGS
 
 pytestmark = pytest.mark.slow
 TINY = str(CONFIGS / "tiny.yaml")
+# One bucket per axis: the runs warm up and calibrate 3 graphs instead of ~25.
+ONE_BUCKET = ["-o", "model.len_buckets=[128]", "-o", "model.suffix_buckets=[16]", "-o", "model.candidate_buckets=[32]"]
 
 
 def test_bench_model(tmp_path, capsys):
     out = tmp_path / "model.json"
-    assert main(["bench", "model", "--config", TINY, "--prefix-lens", "64", "--candidates", "8", "--suffix", "8",
-                 "--repeats", "2", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "model",
+                "--config",
+                TINY,
+                "--prefix-lens",
+                "64",
+                "--candidates",
+                "8",
+                "--suffix",
+                "8",
+                "--repeats",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert {r["path"] for r in report["results"]} == {"full", "prefill", "cached"}
     assert report["matmul_gflops"] > 0 and "full/cached" in capsys.readouterr().out
@@ -25,8 +46,31 @@ def test_bench_model(tmp_path, capsys):
 
 def test_bench_cache(tmp_path):
     out = tmp_path / "cache.json"
-    assert main(["bench", "cache", "--config", TINY, "--prefix-lens", "32", "64", "--slots", "2", "3",
-                 "--pool-prefix-len", "64", "--suffix", "8", "--repeats", "2", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "cache",
+                "--config",
+                TINY,
+                "--prefix-lens",
+                "32",
+                "64",
+                "--slots",
+                "2",
+                "3",
+                "--pool-prefix-len",
+                "64",
+                "--suffix",
+                "8",
+                "--repeats",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert [r["prefix_len"] for r in report["copy"]] == [32, 64]
     assert [r["num_slots"] for r in report["pool"]] == [2, 3]
@@ -34,11 +78,115 @@ def test_bench_cache(tmp_path):
 
 def test_bench_engine(tmp_path):
     out = tmp_path / "engine.json"
-    assert main(["bench", "engine", "--config", TINY, "-o", "trigger.slo_ms=1", "-o", "relay.max_online_len=32",
-                 "--loads", "20", "--requests", "12", "--users", "4", "--median-len", "40", "--max-len", "100",
-                 "--candidates", "16", "--time-limit", "10", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "engine",
+                "--config",
+                TINY,
+                *ONE_BUCKET,
+                "-o",
+                "trigger.slo_ms=1",
+                "-o",
+                "relay.max_online_len=32",
+                "--loads",
+                "20",
+                "--requests",
+                "12",
+                "--users",
+                "4",
+                "--median-len",
+                "40",
+                "--max-len",
+                "100",
+                "--candidates",
+                "16",
+                "--time-limit",
+                "10",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     modes = {r["mode"]: r for r in report["results"]}
     assert set(modes) == {"baseline", "relay"}
     assert modes["baseline"]["tiers"].keys() == {"bypass"} and modes["relay"]["errors"] == 0
     assert modes["relay"]["trigger"].get("admitted", 0) > 0
+
+
+HEADLINE = [
+    "--config",
+    TINY,
+    *ONE_BUCKET,
+    "-o",
+    "relay.max_online_len=32",
+    "--requests",
+    "10",
+    "--users",
+    "4",
+    "--median-len",
+    "40",
+    "--max-len",
+    "100",
+    "--candidates",
+    "16",
+    "--gap-ms",
+    "20",
+    "--time-limit",
+    "10",
+]
+
+
+def test_bench_slo_throughput_with_ablation_and_plots(tmp_path):
+    out = tmp_path / "slo.json"
+    assert (
+        main(
+            [
+                "bench",
+                "slo-throughput",
+                *HEADLINE,
+                "--slo-ms",
+                "1",
+                "--loads",
+                "10",
+                "20",
+                "--ablation",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    res = json.loads(out.read_text())
+    assert {p["mode"] for p in res["slo_throughput"]["points"]} == {"baseline", "relay"}
+    assert [r["variant"] for r in res["ablation"]] == ["full", "no_trigger", "no_expander"]
+    assert (tmp_path / "slo.png").stat().st_size > 0 and (tmp_path / "slo_ablation.png").stat().st_size > 0
+
+
+def test_bench_max_seq(tmp_path):
+    out = tmp_path / "seq.json"
+    assert (
+        main(
+            [
+                "bench",
+                "max-seq",
+                *HEADLINE,
+                "--slo-ms",
+                "1000",
+                "--qps",
+                "10",
+                "--lengths",
+                "20",
+                "60",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    res = json.loads(out.read_text())["max_seq"]
+    assert res["max_len"] == {"baseline": 60, "relay": 60}  # a 1 s SLO is met at every length on the tiny model
+    assert (tmp_path / "seq.png").stat().st_size > 0

@@ -1,0 +1,76 @@
+"""PNG plots of the headline benchmarks (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+HIT_TIERS = ("device", "dram", "inflight", "partial", "miss")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_slo_throughput(result: dict[str, Any], path: Path) -> None:
+    """P99 ranking latency vs offered QPS for both modes, with the SLO line."""
+    plt = _pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    for mode, style in (("baseline", "o-"), ("relay", "s-")):
+        pts = sorted((p["qps"], p["p99_ms"]) for p in result["points"] if p["mode"] == mode)
+        ax.plot([q for q, _ in pts], [v for _, v in pts], style, label=f"{mode} (compliant up to "
+                f"{result['compliant_qps'][mode]:g} QPS)")
+    ax.axhline(result["slo_ms"], color="red", linestyle="--", label=f"SLO {result['slo_ms']:g} ms")
+    ax.set(xlabel="offered load (QPS)", ylabel="rank P99 (ms)",
+           title=f"SLO-compliant throughput: {result['ratio']:.2f}x")
+    ax.legend(fontsize=8)
+    relay = sorted((p for p in result["points"] if p["mode"] == "relay"), key=lambda p: p["qps"])
+    bottom = [0.0] * len(relay)
+    for tier in HIT_TIERS:
+        share = [p["tiers"].get(tier, 0) / max(sum(p["tiers"].values()), 1) for p in relay]
+        bx.bar([str(p["qps"]) for p in relay], share, bottom=bottom, label=tier)
+        bottom = [b + s for b, s in zip(bottom, share, strict=True)]
+    bx.set(xlabel="offered load (QPS)", ylabel="share of ranks", title="relay: where ranks were served from")
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_max_seq(result: dict[str, Any], path: Path) -> None:
+    """P99 vs history length for both modes (SLO line) and the longest compliant length."""
+    plt = _pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]})
+    for mode, style in (("baseline", "o-"), ("relay", "s-")):
+        pts = sorted((p["length"], p["p99_ms"]) for p in result["points"] if p["mode"] == mode)
+        ax.plot([n for n, _ in pts], [v for _, v in pts], style, label=mode)
+    ax.axhline(result["slo_ms"], color="red", linestyle="--", label=f"SLO {result['slo_ms']:g} ms")
+    ax.set(xlabel="history length (events)", ylabel="rank P99 (ms)", xscale="log",
+           title=f"latency vs sequence length at {result['qps']:g} QPS")
+    ax.legend(fontsize=8)
+    modes = ["baseline", "relay"]
+    bx.bar(modes, [result["max_len"][m] for m in modes], color=["tab:blue", "tab:orange"])
+    bx.set(ylabel="longest length with P99 <= SLO", title=f"longest sequence: {result['ratio']:.2f}x")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_ablation(rows: list[dict[str, Any]], slo_ms: float, path: Path) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = [r["variant"] for r in rows]
+    ax.bar(names, [r["p99_ms"] for r in rows], color="tab:orange")
+    ax.axhline(slo_ms, color="red", linestyle="--", label=f"SLO {slo_ms:g} ms")
+    for i, r in enumerate(rows):
+        ax.text(i, r["p99_ms"], f"hit {r['hit_rate']:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set(ylabel="rank P99 (ms)", title="relay with one mechanism disabled")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
