@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from mindspore_relaygr.config import RelayGRConfig
+from mindspore_relaygr.model.inputs import synthetic_history
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
@@ -29,15 +30,6 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
     return float(np.median(times))
 
 
-def _history(cfg, n: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    hist = {"item_ids": rng.integers(1, cfg.num_items + 1, n), "action_ids": rng.integers(0, cfg.num_actions, n),
-            "timestamps": 1_700_000_000 + np.cumsum(rng.integers(0, 3600, n))}
-    if cfg.user_feature_sizes:
-        hist["user_features"] = np.zeros(len(cfg.user_feature_sizes), np.int64)
-    return hist
-
-
 def copy_vs_recompute(config: RelayGRConfig, prefix_lens: list[int], repeats: int,
                       progress: Callable[[str], None]) -> list[dict[str, Any]]:
     from mindspore_relaygr.model import RelayGRModel
@@ -46,7 +38,7 @@ def copy_vs_recompute(config: RelayGRConfig, prefix_lens: list[int], repeats: in
     user = 1 if config.model.user_feature_sizes else 0
     rows = []
     for p in prefix_lens:
-        hist = _history(config.model, p - user)
+        hist = synthetic_history(config.model, p - user)
         recompute = _median_ms(lambda hist=hist: model.prefill(0, hist), repeats)
         copy = model.export_slot(0)
         spill = _median_ms(lambda: model.export_slot(0), repeats)
@@ -65,7 +57,7 @@ def pool_cost_vs_slots(config: RelayGRConfig, slot_counts: list[int], prefix_len
 
     rows = []
     user = 1 if config.model.user_feature_sizes else 0
-    hist = _history(config.model, prefix_len - user + suffix_len, seed=1)
+    hist = synthetic_history(config.model, prefix_len - user + suffix_len, seed=1)
     pre = {k: (v if k == "user_features" else v[: prefix_len - user]) for k, v in hist.items()}
     suf = {k: v[prefix_len - user:] for k, v in hist.items() if k != "user_features"}
     cands = np.arange(1, min(128, config.model.max_candidates) + 1)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from mindspore_relaygr.config import ModelConfig, RelayGRConfig
+from mindspore_relaygr.model.inputs import synthetic_history
 
 logger = logging.getLogger(__name__)
 
@@ -78,14 +79,6 @@ class PathResult:
     gflops: float  # model FLOPs / median time
 
 
-def _history(rng: np.random.Generator, cfg: ModelConfig, n: int) -> dict[str, np.ndarray]:
-    hist = {"item_ids": rng.integers(1, cfg.num_items + 1, n), "action_ids": rng.integers(0, cfg.num_actions, n),
-            "timestamps": 1_700_000_000 + np.cumsum(rng.integers(0, 3600, n))}
-    if cfg.user_feature_sizes:
-        hist["user_features"] = np.zeros(len(cfg.user_feature_sizes), np.int64)
-    return hist
-
-
 def _time(fn, repeats: int) -> tuple[float, float, float, float]:
     """(first call seconds, RSS growth MB at it, median ms, p99 ms)."""
     rss0, t0 = _rss_mb(), time.perf_counter()
@@ -112,7 +105,7 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
     rng = np.random.default_rng(0)
     rows: list[PathResult] = []
     for p in prefix_lens:
-        hist = _history(rng, cfg, p - user)
+        hist = synthetic_history(cfg, p - user, seed=p)
         pre = {k: (v if k == "user_features" else v[: p - user - suffix_len]) for k, v in hist.items()}
         suf = {k: v[p - user - suffix_len:] for k, v in hist.items() if k != "user_features"}
         n_pre = p - user - suffix_len

@@ -121,6 +121,16 @@ def validate_candidates(cfg: ModelConfig, candidate_ids: Any, name: str = "candi
     return cands
 
 
+def synthetic_history(cfg: ModelConfig, n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A random chronological history of `n` events (benchmarks, calibration and the demo)."""
+    rng = np.random.default_rng(seed)
+    hist = {"item_ids": rng.integers(1, cfg.num_items + 1, n), "action_ids": rng.integers(0, cfg.num_actions, n),
+            "timestamps": 1_700_000_000 + np.cumsum(rng.integers(0, 3600, n))}
+    if cfg.user_feature_sizes:
+        hist["user_features"] = np.ones(len(cfg.user_feature_sizes), np.int64)
+    return hist
+
+
 def user_offsets(cfg: ModelConfig) -> np.ndarray:
     """Row offset of each user feature in the single user-feature table."""
     return np.concatenate([[0], np.cumsum(cfg.user_feature_sizes)[:-1]]).astype(np.int32)

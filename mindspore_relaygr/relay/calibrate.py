@@ -7,17 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from mindspore_relaygr.model.inputs import synthetic_history
 from mindspore_relaygr.relay.latency import LatencyModel
-
-
-def _history(model: Any, n: int) -> dict[str, np.ndarray]:
-    cfg = model.cfg
-    rng = np.random.default_rng(n)
-    hist = {"item_ids": rng.integers(1, cfg.num_items + 1, n), "action_ids": rng.integers(0, cfg.num_actions, n),
-            "timestamps": 1_700_000_000 + np.cumsum(rng.integers(0, 3600, n))}
-    if cfg.user_feature_sizes:
-        hist["user_features"] = np.zeros(len(cfg.user_feature_sizes), np.int64)
-    return hist
 
 
 def calibration_shapes(model: Any, prefill_chunk_len: int) -> dict[str, list[tuple[int, ...]]]:
@@ -42,13 +33,13 @@ def calibrate_latency(model: Any, prefill_chunk_len: int, repeats: int = 3, slot
     def measure(kind: str, shape: tuple[int, ...]) -> float:
         if kind == "full":
             n, m = shape
-            args = (model.rank_full, _history(model, n - user), cands[:m])
+            args = (model.rank_full, synthetic_history(model.cfg, n - user, seed=n - user), cands[:m])
         elif kind == "prefill":
             (n,) = shape
-            args = (model.prefill, slot, _history(model, n - user))
+            args = (model.prefill, slot, synthetic_history(model.cfg, n - user, seed=n - user))
         else:
             p, s, m = shape
-            hist = _history(model, p - user + s)
+            hist = synthetic_history(model.cfg, p - user + s, seed=p - user + s)
             pre = {k: (v if k == "user_features" else v[: p - user]) for k, v in hist.items()}
             if model.slot_events(slot) != p - user:
                 model.prefill(slot, pre)
