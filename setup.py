@@ -10,7 +10,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["mindspore_relaygr", "mindspore_relaygr.*", "serving", "serving.*"]),
-    package_data={"mindspore_relaygr": ["kernels/*.cc"], "serving": ["*.template"]},
+    package_data={"mindspore_relaygr": ["kernels/*.cc"], "serving": ["*.template", "gunicorn.conf.py"]},
     install_requires=[
         "mindspore>=2.3,<3",
         "numpy>=1.24,<2",  # the MindSpore 2.x wheels are built against numpy 1.x

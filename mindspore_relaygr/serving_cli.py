@@ -1,0 +1,161 @@
+"""`relaygr serve` (one instance: gunicorn, one worker process) and `relaygr cluster` (N instances + nginx).
+
+Wired into `relaygr` by `register(subparsers)`; also runnable alone:
+`python -m mindspore_relaygr.serving_cli serve --config configs/tiny.yaml --port 8080`.
+Imports of `serving` stay inside the commands: the library itself never imports Flask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from mindspore_relaygr.config import RelayGRConfig, load_config
+from mindspore_relaygr.errors import RelayGRError
+
+REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+logger = logging.getLogger(__name__)
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=str(REPO_CONFIGS / "tiny.yaml"), help="YAML config file")
+    parser.add_argument("--bundle", default=None, help="serve a bundle from `relaygr export` (its config and "
+                                                        "weights; replaces --config)")
+    parser.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a config value (repeatable), e.g. -o cache.num_slots=8")
+    parser.add_argument("--engine-factory", default=None, metavar="MODULE:CALLABLE",
+                        help="build the engine with this (config, instance_id=...) callable instead of "
+                             "RelayEngine.from_config (load tests of the HTTP layer, tests)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `serve` and `cluster` commands to the `relaygr` parser."""
+    serve = subparsers.add_parser("serve", help="run one serving instance (gunicorn, 1 worker, gthread threads)")
+    _add_config_args(serve)
+    serve.add_argument("--host", default=None, help="bind address (default serving.host, 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default serving.port, 8080)")
+    serve.add_argument("--instance-id", default=None, help="X-RelayGR-Instance value (default serving.instance_id)")
+    serve.add_argument("--threads", type=int, default=None, help="gthread threads (default serving.threads)")
+    serve.add_argument("--pid-file", default=None, help="write the gunicorn master's PID here")
+    serve.add_argument("--daemon", action="store_true", help="detach (needs --pid-file); stop: kill $(cat PIDFILE)")
+    serve.add_argument("--log-file", default=None, help="gunicorn log file (default stderr)")
+    serve.add_argument("--access-log", action="store_true", help="log every request")
+    serve.set_defaults(func=cmd_serve)
+
+    cluster = subparsers.add_parser("cluster", help="N instances on port+1..port+N behind nginx on port")
+    _add_config_args(cluster)
+    cluster.add_argument("--instances", type=int, default=2)
+    cluster.add_argument("--port", type=int, default=8080, help="nginx port; instances use the next N ports")
+    cluster.add_argument("--host", default="127.0.0.1", help="bind address of nginx and the instances")
+    cluster.add_argument("--run-dir", default=None, help="configs, PIDs and logs (default outputs/cluster-PORT)")
+    cluster.add_argument("--stop", action="store_true", help="stop the cluster recorded in --run-dir and exit")
+    cluster.add_argument("--detach", action="store_true", help="return once ready; stop later with --stop")
+    cluster.add_argument("--max-fails", type=int, default=1, help="nginx max_fails of every server")
+    cluster.add_argument("--fail-timeout", type=float, default=5.0, help="nginx fail_timeout (s)")
+    cluster.add_argument("--read-timeout", type=float, default=30.0, help="nginx proxy_read_timeout (s)")
+    cluster.add_argument("--ready-timeout", type=float, default=900.0, help="max wait for the instances (s)")
+    cluster.add_argument("--nginx", default=None, help="nginx binary (default PATH, then /usr/sbin/nginx)")
+    cluster.set_defaults(func=cmd_cluster)
+
+
+def _load(args: argparse.Namespace) -> RelayGRConfig:
+    """The config of --bundle (verified) or of --config, with the -o overrides."""
+    if args.bundle:
+        from mindspore_relaygr.export import load_bundle_config
+
+        return load_bundle_config(args.bundle, args.override)
+    return load_config(args.config, args.override)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Validate the config, then exec gunicorn: this process becomes the gunicorn master (same PID)."""
+    from serving.settings import ServingSettings, to_env
+
+    if args.daemon and not args.pid_file:
+        raise RelayGRError("--daemon needs --pid-file (that is how the instance is stopped)")
+    config = _load(args)
+    settings = ServingSettings.from_config(config, host=args.host, port=args.port, instance_id=args.instance_id,
+                                           threads=args.threads, access_log=True if args.access_log else None)
+    if args.engine_factory:
+        from serving.app import import_factory
+
+        import_factory(args.engine_factory)  # fail here, not in the worker
+    env = {**os.environ, **to_env(args.config, args.override, dataclasses.asdict(settings), args.engine_factory,
+                                  args.bundle)}
+    conf = Path(__file__).resolve().parents[1] / "serving" / "gunicorn.conf.py"
+    argv = [sys.executable, "-m", "gunicorn", "-c", str(conf)]
+    if args.pid_file:
+        argv += ["--pid", str(Path(args.pid_file).resolve())]
+    if args.log_file:
+        argv += ["--error-logfile", str(Path(args.log_file).resolve())]
+    if args.daemon:
+        argv += ["--daemon"]
+    master = f"pid in {args.pid_file}" if args.daemon else f"pid {os.getpid()}"
+    print(f"[serve] instance {settings.instance_id} on http://{settings.host}:{settings.port} "
+          f"(gunicorn master {master}, {settings.threads} threads)", file=sys.stderr, flush=True)
+    os.execve(sys.executable, argv, env)
+    return 0  # not reached
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """Start (or --stop) N instances behind nginx; in the foreground, Ctrl-C stops everything."""
+    from serving.cluster import Cluster, ClusterSpec, stop_cluster
+    from serving.settings import ServingSettings
+
+    run_dir = Path(args.run_dir or f"outputs/cluster-{args.port}").resolve()
+    if args.stop:
+        stopped = stop_cluster(run_dir)
+        print(f"[cluster] stopped {', '.join(stopped) or 'nothing (already gone)'}", file=sys.stderr)
+        return 0
+    config = _load(args)
+    spec = ClusterSpec(port=args.port, num_instances=args.instances, run_dir=run_dir, config_path=args.config,
+                       overrides=tuple(args.override), host=args.host, max_fails=args.max_fails,
+                       fail_timeout_s=args.fail_timeout, read_timeout_s=args.read_timeout,
+                       max_body_bytes=ServingSettings.from_config(config).max_content_length,
+                       engine_factory=args.engine_factory, bundle=args.bundle, nginx_bin=args.nginx)
+    cluster = Cluster(spec)
+    detached = False
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
+    try:
+        print(f"[cluster] starting {spec.num_instances} instances on {', '.join(spec.servers)}; run dir {run_dir}",
+              file=sys.stderr, flush=True)
+        cluster.start(args.ready_timeout)
+        print(f"[cluster] ready: http://{spec.host}:{spec.port} (nginx, hash on the X-RelayGR-Affinity header)",
+              file=sys.stderr, flush=True)
+        if args.detach:
+            print(f"[cluster] detached; stop with: relaygr cluster --stop --run-dir {run_dir}", file=sys.stderr)
+            detached = True
+            return 0
+        return cluster.monitor()
+    except KeyboardInterrupt:
+        print("[cluster] stopping", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if not detached:
+            cluster.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mindspore_relaygr.serving_cli {serve,cluster} ...` (same as `relaygr serve|cluster`)."""
+    os.environ.setdefault("GLOG_v", "3")
+    parser = argparse.ArgumentParser(prog="relaygr", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except RelayGRError as exc:
+        print(f"relaygr: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

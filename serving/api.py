@@ -1,0 +1,189 @@
+"""The RelayGR HTTP API (one blueprint): pre-infer, rank, health, readiness, metrics, stats, admin."""
+
+from __future__ import annotations
+
+import hmac
+import os
+import time
+
+from flask import Blueprint, Response, current_app, g, jsonify, request
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from serving import headers, schemas
+from serving.engine_holder import FAILED, READY
+from serving.errors import Unauthorized
+from serving.state import AppState
+
+bp = Blueprint("relaygr", __name__)
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def _state() -> AppState:
+    return current_app.extensions["relaygr"]
+
+
+def _body() -> object:
+    """The parsed JSON body; a chunked body longer than MAX_CONTENT_LENGTH is a 413, not a truncated 400."""
+    data = request.get_data(cache=False)
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    if limit and request.content_length is None and len(data) >= limit:
+        stream = request.environ.get("wsgi.input")
+        if stream is not None and stream.read(1):
+            raise RequestEntityTooLarge()
+    return schemas.parse_json(data)
+
+
+@bp.post("/v1/preinfer")
+def preinfer() -> tuple[Response, int]:
+    """Retrieval-time signal: maybe relay this user's prefix (202; the prefill runs asynchronously)."""
+    st = _state()
+    req = schemas.parse_preinfer(_body(), st.limits, request.headers.get(headers.AFFINITY))
+    result = st.holder.get().preinfer(req.user_id, req.history, req.num_candidates)
+    st.metrics.observe_preinfer(result)
+    return jsonify({
+        "admitted": result.admitted,
+        "reason": result.reason,
+        "cache_key": result.cache_key,
+        "predicted_full_ms": result.predicted_full_ms,
+        "instance": st.instance_id,
+    }), 202
+
+
+@bp.post("/v1/rank")
+def rank() -> Response:
+    """Ranking-time request: score every candidate, served from the best cache tier available."""
+    t0 = time.perf_counter()
+    st = _state()
+    req = schemas.parse_rank(_body(), st.limits, request.headers.get(headers.AFFINITY))
+    engine = st.holder.get()
+    result = engine.rank(req.user_id, req.history, req.candidate_ids, top_k=req.top_k)
+    st.metrics.observe_rank(result)
+    ranking = [int(i) for i in result.ranking]
+    timings = {k: float(v) for k, v in result.timings_ms.items()}
+    timings["handler"] = (time.perf_counter() - t0) * 1e3
+    response = jsonify({
+        "scores": result.scores.tolist(),  # [num candidates][num tasks], request order
+        "tasks": st.config.model.task_names,
+        "ranking": ranking,  # candidate indices, best first
+        "ranked_item_ids": [req.candidate_ids[i] for i in ranking],
+        "cache": result.cache,
+        "truncated": bool(result.truncated),
+        "timings_ms": timings,
+        "instance": st.instance_id,
+        "model_version": engine.model_version,
+    })
+    response.headers[headers.CACHE] = result.cache
+    return response
+
+
+@bp.get("/healthz")
+def healthz() -> tuple[Response, int]:
+    """Liveness: 200 while the process can serve or is warming up; 503 if the engine failed to start."""
+    st = _state()
+    body = {"status": "ok", "engine": st.holder.state, "instance": st.instance_id, "pid": os.getpid()}
+    if st.holder.state == FAILED:
+        body.update(status="failed", error=st.holder.error)
+        return jsonify(body), 503
+    return jsonify(body), 200
+
+
+@bp.get("/readyz")
+def readyz() -> Response:
+    """Readiness: 200 only once the engine is warmed up and calibrated."""
+    st = _state()
+    state = st.holder.state
+    engine = st.holder.peek()
+    body = {"status": state, "instance": st.instance_id,
+            "model_version": engine.model_version if engine is not None else None}
+    if st.holder.error:
+        body["error"] = st.holder.error
+    response = jsonify(body)
+    if state != READY:
+        response.status_code = 503
+        response.headers[headers.RETRY_AFTER] = str(st.settings.retry_after_s)
+    return response
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    """Prometheus text exposition."""
+    payload, content_type = _state().metrics.render()
+    return Response(payload, content_type=content_type)
+
+
+@bp.get("/v1/stats")
+def stats() -> Response:
+    """Instance id, pid, model version, and the engine's cache, trigger and queue statistics."""
+    st = _state()
+    engine = st.holder.peek()
+    ready = st.holder.state == READY
+    return jsonify({
+        "instance": st.instance_id,
+        "pid": os.getpid(),
+        "state": st.holder.state,
+        "ready": ready,
+        "model_version": engine.model_version if engine is not None else None,
+        "engine": engine.stats() if ready and engine is not None else None,
+    })
+
+
+@bp.post("/v1/admin/flush")
+def admin_flush() -> Response:
+    """Drop every cached prefix of this instance (bearer token when serving.admin_token is set)."""
+    st = _state()
+    _check_admin(st.settings.admin_token)
+    st.holder.get().flush()
+    return jsonify({"flushed": True, "instance": st.instance_id})
+
+
+def _check_admin(token: str | None) -> None:
+    if token is None:
+        return
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise Unauthorized("missing or wrong bearer token")
+
+
+@bp.before_app_request
+def _before() -> None:
+    g.relaygr_t0 = time.perf_counter()
+    _state().holder.start()  # first request builds the engine when no post_fork hook did
+
+
+@bp.after_app_request
+def _after(response: Response) -> Response:
+    st = _state()
+    endpoint = request.url_rule.rule if request.url_rule is not None else "unmatched"
+    seconds = time.perf_counter() - g.get("relaygr_t0", time.perf_counter())
+    method = request.method if request.method in KNOWN_METHODS else "other"  # bounded label values
+    st.metrics.observe_request(endpoint, method, response.status_code, seconds,
+                               response.headers.get(headers.CACHE))
+    kind = g.get("relaygr_error")
+    if response.status_code == 503 and kind in ("overloaded", "not_ready"):
+        st.metrics.observe_rejection(endpoint, kind)
+    response.headers[headers.INSTANCE] = st.instance_id
+    _drain_body(4 * st.settings.max_content_length)
+    return response
+
+
+def _drain_body(max_bytes: int) -> None:
+    """Read what the view left of the request body (404, 405, 413...), up to `max_bytes`.
+
+    gunicorn drains at most 64 KiB of an unread body and otherwise closes the kept-alive connection
+    after the response, so a client (or nginx) reusing that connection would fail its next request.
+    """
+    declared = request.content_length
+    if declared is not None and declared > max_bytes:
+        return  # too big to be worth reading: gunicorn closes this connection
+    stream = request.environ.get("wsgi.input")
+    if stream is None:
+        return
+    total = 0
+    try:
+        while total < max_bytes:
+            chunk = stream.read(min(65536, max_bytes - total))
+            if not chunk:
+                return
+            total += len(chunk)
+    except (OSError, ValueError):  # the client went away mid-body
+        return

@@ -1,0 +1,111 @@
+"""Flask app factory: one app (and, after fork, one engine) per worker process."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask
+from flask.json.provider import DefaultJSONProvider
+
+from mindspore_relaygr.config import RelayGRConfig, load_config
+from mindspore_relaygr.errors import ConfigError
+from serving import api
+from serving.engine_holder import Engine, EngineHolder
+from serving.errors import register_error_handler
+from serving.metrics import ServingMetrics
+from serving.schemas import Limits
+from serving.settings import ENV_BUNDLE, ENV_ENGINE_FACTORY, ENV_OVERRIDES, ServingSettings, load_from_env
+from serving.state import AppState
+
+logger = logging.getLogger(__name__)
+
+EngineFactory = Callable[..., Engine]  # (config, instance_id=...) -> engine, like RelayEngine.from_config
+
+
+class _JSONProvider(DefaultJSONProvider):
+    """Flask's JSON, plus numpy scalars and arrays (engine stats may carry them)."""
+
+    @staticmethod
+    def default(o: Any) -> Any:
+        if hasattr(o, "tolist"):
+            return o.tolist()
+        return DefaultJSONProvider.default(o)
+
+
+def relay_engine_factory(config: RelayGRConfig, instance_id: str) -> Engine:
+    """The production engine; MindSpore is imported here, in the worker, never at import time."""
+    from mindspore_relaygr.relay.engine import RelayEngine
+
+    return RelayEngine.from_config(config, instance_id=instance_id)
+
+
+def bundle_engine_factory(bundle_dir: str, overrides: list[str]) -> EngineFactory:
+    """A factory that builds the RelayEngine on a serving bundle's weights (verified on load)."""
+
+    def build(config: RelayGRConfig, instance_id: str) -> Engine:
+        from mindspore_relaygr.export import load_bundle
+        from mindspore_relaygr.relay.engine import RelayEngine
+
+        _, model = load_bundle(bundle_dir, overrides)
+        return RelayEngine.from_config(config, instance_id=instance_id, model=model)
+
+    return build
+
+
+def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None,
+               engine_factory: EngineFactory | None = None, settings: ServingSettings | None = None) -> Flask:
+    """Build the app. With neither `engine` nor `engine_factory`, the RelayEngine is built lazily.
+
+    The engine is never built here: `EngineHolder.start()` (gunicorn's post_fork hook, or the first
+    request) builds it in a background thread of the process that serves.
+    """
+    if engine is not None and engine_factory is not None:
+        raise ValueError("give engine or engine_factory, not both")
+    config = config or load_config()
+    settings = settings or ServingSettings.from_config(config)
+    if engine is not None:
+        holder = EngineHolder(engine=engine)
+        instance_id = engine.instance_id
+    else:
+        factory = engine_factory or relay_engine_factory
+        holder = EngineHolder(factory=lambda: factory(config, instance_id=settings.instance_id))
+        instance_id = settings.instance_id
+    app = Flask("relaygr")
+    app.json = _JSONProvider(app)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_content_length
+    app.extensions["relaygr"] = AppState(config, settings, Limits.from_config(config), holder,
+                                         ServingMetrics(holder, instance_id), instance_id)
+    register_error_handler(app, settings.retry_after_s)
+    app.register_blueprint(api.bp)
+    return app
+
+
+def import_factory(spec: str) -> EngineFactory:
+    """"package.module:attr.attr" -> the callable it names."""
+    module_name, _, attr_path = spec.partition(":")
+    if not module_name or not attr_path:
+        raise ConfigError(f"{ENV_ENGINE_FACTORY}={spec!r}: expected 'module:callable'")
+    obj: Any = importlib.import_module(module_name)
+    for attr in attr_path.split("."):
+        obj = getattr(obj, attr)
+    if not callable(obj):
+        raise ConfigError(f"{ENV_ENGINE_FACTORY}={spec!r}: not callable")
+    return obj
+
+
+def create_app_from_env() -> Flask:
+    """The app `relaygr serve` asked for (config, overrides and settings from RELAYGR_* variables)."""
+    config, settings = load_from_env()
+    spec = os.environ.get(ENV_ENGINE_FACTORY)
+    if spec:
+        factory = import_factory(spec)
+    elif os.environ.get(ENV_BUNDLE):
+        factory = bundle_engine_factory(os.environ[ENV_BUNDLE], json.loads(os.environ.get(ENV_OVERRIDES) or "[]"))
+    else:
+        factory = None
+    return create_app(config, engine_factory=factory, settings=settings)

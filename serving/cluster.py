@@ -1,0 +1,365 @@
+"""`relaygr cluster`: N instances (one gunicorn each) behind a real nginx, owned by one run directory.
+
+Instances listen on port+1..port+N, nginx on port; everything binds `host` (127.0.0.1 by default).
+The run directory holds the generated nginx.conf, nginx's prefix (pid, temp dirs), every log and
+`cluster.json` (the PIDs), so `relaygr cluster --stop` can stop a cluster started elsewhere. Every
+process is started in its own session and stopped by PID (its process group: master + workers),
+and only after checking that the PID still runs a command line naming this run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mindspore_relaygr.errors import RelayGRError
+from mindspore_relaygr.relay.router import NginxConsistentHash
+from serving import headers
+
+logger = logging.getLogger(__name__)
+
+TEMPLATE = Path(__file__).with_name("nginx.conf.template")
+STATE_FILE = "cluster.json"
+NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
+
+
+class ClusterError(RelayGRError, RuntimeError):
+    """A cluster could not be started, or its run directory is not usable."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What to start; instance k is "i<k>" on port + 1 + k."""
+
+    port: int
+    num_instances: int
+    run_dir: Path
+    config_path: str | None = None
+    overrides: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    max_fails: int = 1  # failed attempts within fail_timeout_s that take a server out of the ring
+    fail_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    engine_factory: str | None = None  # "module:callable" instead of RelayEngine.from_config
+    bundle: str | None = None  # serving bundle directory instead of config_path
+    nginx_bin: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_instances < 1:
+            raise ClusterError(f"num_instances={self.num_instances}: must be >= 1")
+        if not 0 < self.port < 65536 - self.num_instances:
+            raise ClusterError(f"port={self.port}: ports port..port+{self.num_instances} must be valid")
+        if self.max_fails < 0 or self.fail_timeout_s <= 0 or self.read_timeout_s <= 0:
+            raise ClusterError("max_fails must be >= 0, fail_timeout_s and read_timeout_s > 0")
+
+    @property
+    def instance_ids(self) -> list[str]:
+        return [f"i{k}" for k in range(self.num_instances)]
+
+    @property
+    def instance_ports(self) -> list[int]:
+        return [self.port + 1 + k for k in range(self.num_instances)]
+
+    @property
+    def servers(self) -> list[str]:
+        """Upstream servers exactly as written in nginx.conf (what nginx hashes)."""
+        return [f"{self.host}:{p}" for p in self.instance_ports]
+
+    def ring(self) -> NginxConsistentHash:
+        """The Python port of nginx's choice for this cluster's upstream block."""
+        return NginxConsistentHash(self.servers)
+
+
+def find_nginx(explicit: str | None = None) -> str:
+    """The nginx binary: `explicit`, else PATH, else the Debian locations."""
+    found = explicit or shutil.which("nginx") or next((p for p in NGINX_CANDIDATES if os.access(p, os.X_OK)), None)
+    if not found or not os.access(found, os.X_OK):
+        raise ClusterError("nginx not found: install it (apt-get install -y nginx) or pass --nginx PATH")
+    return found
+
+
+def render_nginx_conf(spec: ClusterSpec, template: Path = TEMPLATE) -> str:
+    """Fill the template's @NAME@ placeholders; an unknown or unused placeholder is an error."""
+    run_dir = spec.run_dir.resolve()
+    values = {
+        "RUN_DIR": str(run_dir),
+        "HOST": spec.host,
+        "PORT": str(spec.port),
+        "AFFINITY_VAR": headers.nginx_variable(headers.AFFINITY),
+        "RETRY_AFTER_HEADER": headers.RETRY_AFTER,
+        "SERVERS": "\n".join(f"        server {s} max_fails={spec.max_fails} fail_timeout={spec.fail_timeout_s:g}s;"
+                             for s in spec.servers),
+        "MAX_BODY": str(spec.max_body_bytes),
+        "READ_TIMEOUT": f"{spec.read_timeout_s:g}",
+        "TRIES": str(spec.num_instances),
+    }
+    text = template.read_text()
+    used = set(re.findall(r"@([A-Z_]+)@", text))
+    if used != set(values):
+        raise ClusterError(f"template {template}: placeholders {sorted(used)} != provided {sorted(values)}")
+    return re.sub(r"@([A-Z_]+)@", lambda m: values[m.group(1)], text)
+
+
+@dataclass
+class Member:
+    """One process of the cluster (nginx or an instance's gunicorn master)."""
+
+    name: str
+    port: int
+    pid: int
+    log: str
+    proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "port": self.port, "pid": self.pid, "log": self.log}
+
+
+class Cluster:
+    """Start, watch and stop the processes of one cluster."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.run_dir = spec.run_dir.resolve()
+        self.members: list[Member] = []
+
+    # ------------------------------------------------------------------ start
+    def start(self, ready_timeout_s: float = 600.0) -> None:
+        """Instances first (until /readyz), then nginx; on any failure stop what was started."""
+        self._prepare_run_dir()
+        try:
+            for inst, port in zip(self.spec.instance_ids, self.spec.instance_ports, strict=True):
+                self._start_instance(inst, port)
+            self._write_state()
+            deadline = time.monotonic() + ready_timeout_s
+            for member in self.members:
+                _wait_http(f"http://{self.spec.host}:{member.port}/readyz", deadline, member)
+            self._start_nginx()
+            self._write_state()
+            _wait_listening(self.spec.host, self.spec.port, time.monotonic() + 30, self.members[-1])
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("cluster up: nginx on %s:%d, instances %s", self.spec.host, self.spec.port,
+                    ", ".join(self.spec.servers))
+
+    def _prepare_run_dir(self) -> None:
+        if (self.run_dir / STATE_FILE).exists():
+            alive = [m for m in read_state(self.run_dir) if _owned(m.pid, self.run_dir)]
+            if alive:
+                raise ClusterError(f"{self.run_dir} already runs a cluster ({', '.join(m.name for m in alive)}); "
+                                   f"stop it with `relaygr cluster --stop --run-dir {self.run_dir}`")
+        for sub in ("logs", "tmp"):
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+
+    def _start_instance(self, instance_id: str, port: int) -> None:
+        pid_file = str(self.run_dir / f"{instance_id}.pid")
+        cmd = [sys.executable, "-m", "mindspore_relaygr.serving_cli", "serve", "--host", self.spec.host,
+               "--port", str(port), "--instance-id", instance_id, "--pid-file", pid_file]
+        if self.spec.bundle:
+            cmd += ["--bundle", str(Path(self.spec.bundle).resolve())]
+        elif self.spec.config_path:
+            cmd += ["--config", str(Path(self.spec.config_path).resolve())]
+        for override in self.spec.overrides:
+            cmd += ["-o", override]
+        if self.spec.engine_factory:
+            cmd += ["--engine-factory", self.spec.engine_factory]
+        self.members.append(self._spawn(instance_id, port, cmd))
+
+    def _start_nginx(self) -> None:
+        nginx = find_nginx(self.spec.nginx_bin)
+        conf = self.run_dir / "nginx.conf"
+        conf.write_text(render_nginx_conf(self.spec))
+        error_log = str(self.run_dir / "logs" / "nginx-error.log")
+        check = subprocess.run([nginx, "-t", "-q", "-p", str(self.run_dir), "-c", str(conf), "-e", error_log],
+                               capture_output=True, text=True, timeout=30)
+        if check.returncode != 0:
+            raise ClusterError(f"nginx -t rejected {conf}:\n{check.stderr.strip()}")
+        self.members.append(self._spawn("nginx", self.spec.port,
+                                        [nginx, "-p", str(self.run_dir), "-c", str(conf), "-e", error_log]))
+
+    def _spawn(self, name: str, port: int, cmd: list[str]) -> Member:
+        log_path = self.run_dir / "logs" / f"{name}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # own process group: stopped as a unit
+        logger.info("started %s (pid %d) on port %d, log %s", name, proc.pid, port, log_path)
+        return Member(name, port, proc.pid, str(log_path), proc)
+
+    def _write_state(self) -> None:
+        state = {"owner_pid": os.getpid(), "host": self.spec.host, "port": self.spec.port,
+                 "servers": self.spec.servers, "members": [m.to_json() for m in self.members]}
+        tmp = self.run_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.run_dir / STATE_FILE)
+
+    # ------------------------------------------------------------------ run, stop
+    def monitor(self, poll_s: float = 0.5) -> int:
+        """Block while nginx runs (Ctrl-C / SIGTERM stop the cluster); log instances that exit."""
+        reported: set[str] = set()
+        while True:
+            for member in self.members:
+                code = member.proc.poll() if member.proc is not None else None
+                if code is None or member.name in reported:
+                    continue
+                reported.add(member.name)
+                if member.name == "nginx":
+                    if code == 0:
+                        logger.info("nginx stopped (relaygr cluster --stop?)")
+                        return 0
+                    logger.error("nginx exited with code %s; see %s", code, member.log)
+                    return 1
+                log = logger.info if code == 0 else logger.warning
+                log("instance %s (pid %d) exited with code %s; nginx routes around it", member.name, member.pid, code)
+            if len(reported) == len(self.members) - 1:
+                logger.error("every instance has exited")
+                return 1
+            time.sleep(poll_s)
+
+    def stop(self, timeout_s: float = 20.0) -> list[str]:
+        """nginx first (no new traffic), then the instances; returns the names stopped."""
+        stopped = stop_members(list(reversed(self.members)), self.run_dir, timeout_s)
+        (self.run_dir / STATE_FILE).unlink(missing_ok=True)
+        return stopped
+
+
+def read_state(run_dir: Path) -> list[Member]:
+    """The members recorded in `run_dir`/cluster.json."""
+    path = Path(run_dir) / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+        return [Member(**m) for m in state["members"]]
+    except FileNotFoundError:
+        raise ClusterError(f"{path} does not exist: no cluster was started with this run directory") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ClusterError(f"{path} is not a cluster state file: {exc}") from None
+
+
+def stop_cluster(run_dir: Path, timeout_s: float = 20.0) -> list[str]:
+    """Stop a cluster from its run directory (`relaygr cluster --stop`); returns the names stopped."""
+    run_dir = Path(run_dir).resolve()
+    members = read_state(run_dir)
+    nginx_first = sorted(members, key=lambda m: m.name != "nginx")
+    stopped = stop_members(nginx_first, run_dir, timeout_s)
+    (run_dir / STATE_FILE).unlink(missing_ok=True)
+    return stopped
+
+
+def stop_members(members: list[Member], run_dir: Path, timeout_s: float) -> list[str]:
+    """SIGTERM each member's process group, wait, then SIGKILL what is left; skip PIDs not ours."""
+    stopped = []
+    for member in members:
+        if member.proc is not None and member.proc.poll() is not None:
+            continue  # already exited (and reaped)
+        if member.proc is None and not _owned(member.pid, run_dir):
+            logger.warning("pid %d (%s) no longer runs this cluster's command; not signalling it", member.pid,
+                           member.name)
+            continue
+        _signal_group(member.pid, signal.SIGTERM)
+        stopped.append(member.name)
+    deadline = time.monotonic() + timeout_s
+    for member in members:
+        if not _wait_gone(member, deadline):
+            logger.warning("%s (pid %d) ignored SIGTERM; killing its process group", member.name, member.pid)
+            _signal_group(member.pid, signal.SIGKILL)
+            _wait_gone(member, time.monotonic() + 5)
+    return stopped
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        if os.getpgid(pid) == pid:  # a session leader we started: master and its workers
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_gone(member: Member, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        if member.proc is not None:
+            if member.proc.poll() is not None:
+                return True
+        elif not _alive(member.pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is gone for our purposes
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _owned(pid: int, run_dir: Path) -> bool:
+    """True if `pid` is alive and its command line names `run_dir` (guards against PID reuse)."""
+    if not _alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return True  # no /proc: trust the state file
+    return str(run_dir) in cmdline
+
+
+def _tail(path: str, lines: int = 30) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _check_running(member: Member) -> None:
+    if member.proc is not None and member.proc.poll() is not None:
+        raise ClusterError(f"{member.name} exited with code {member.proc.returncode} during start-up; "
+                           f"last lines of {member.log}:\n{_tail(member.log)}")
+
+
+def _wait_http(url: str, deadline: float, member: Member) -> None:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never an env proxy
+    while True:
+        _check_running(member)
+        try:
+            with opener.open(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{member.name} was not ready at {url} in time; last lines of {member.log}:\n"
+                               f"{_tail(member.log)}")
+        time.sleep(0.2)
+
+
+def _wait_listening(host: str, port: int, deadline: float, member: Member) -> None:
+    while True:
+        _check_running(member)
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{member.name} did not listen on {host}:{port}") from None
+            time.sleep(0.05)

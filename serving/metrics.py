@@ -1,0 +1,178 @@
+"""Prometheus metrics of one instance (`relaygr_*`), in a per-app registry.
+
+Request-path metrics are observed by the HTTP layer as requests finish; cache and queue state is
+read from `engine.stats()` at scrape time (`EngineStatsCollector`), so a scrape never blocks the
+device thread and the numbers are never stale copies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from mindspore_relaygr.relay.trigger import REASONS
+from mindspore_relaygr.relay.types import CACHE_TIERS, PreinferResult, RankResult
+from serving.engine_holder import READY, EngineHolder
+
+logger = logging.getLogger(__name__)
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
+                     0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+NO_TIER = "none"  # cache label of endpoints other than /v1/rank
+
+# Scrape-time metrics read from engine.stats(): (name, kind, help, [(path in stats, labels)]).
+# A path missing from the stats is skipped, so the engine can grow or trim its stats freely.
+STATS_METRICS: list[tuple[str, str, str, list[tuple[tuple[str, ...], dict[str, str]]]]] = [
+    ("relaygr_queue_depth", "gauge", "Device-thread tasks waiting (ranks and prefill chunks).",
+     [(("queue_depth",), {})]),
+    ("relaygr_pending_prefills", "gauge", "Admitted pre-infers whose prefill has not finished.",
+     [(("pending_prefills",), {})]),
+    ("relaygr_cache_hits", "counter", "Cache lookups that found the prefix, per tier.",
+     [(("cache", "device", "hits"), {"tier": "device"}), (("cache", "dram", "hits"), {"tier": "dram"}),
+      (("cache", "device", "partial_hits"), {"tier": "partial"}),
+      (("cache", "device", "inflight_hits"), {"tier": "inflight"})]),
+    ("relaygr_cache_misses", "counter", "Cache lookups that did not find the prefix, per tier.",
+     [(("cache", "device", "misses"), {"tier": "device"}), (("cache", "dram", "misses"), {"tier": "dram"})]),
+    ("relaygr_cache_usage_bytes", "gauge", "Bytes held by cached prefixes, per tier.",
+     [(("cache", "device", "bytes_in_use"), {"tier": "device"}),
+      (("cache", "dram", "bytes_in_use"), {"tier": "dram"})]),
+    ("relaygr_cache_device_slots", "gauge", "Device KV pool slots by state.",
+     [(("cache", "device", "num_slots"), {"state": "total"}),
+      (("cache", "device", "num_free_slots"), {"state": "free"}),
+      (("cache", "device", "num_ready"), {"state": "ready"}),
+      (("cache", "device", "num_reserved"), {"state": "reserved"})]),
+    ("relaygr_cache_dram_entries", "gauge", "Prefixes held in host DRAM.",
+     [(("cache", "dram", "num_entries"), {})]),
+    ("relaygr_cache_evictions", "counter", "Cache evictions per tier and reason.",
+     [(("cache", "device", "evictions_expired"), {"tier": "device", "reason": "expired"}),
+      (("cache", "device", "evictions_lru"), {"tier": "device", "reason": "lru"}),
+      (("cache", "device", "evictions_released"), {"tier": "device", "reason": "released"}),
+      (("cache", "dram", "expirations"), {"tier": "dram", "reason": "expired"}),
+      (("cache", "dram", "evictions"), {"tier": "dram", "reason": "lru"})]),
+    ("relaygr_cache_dram_reloads", "counter", "DRAM -> device reloads.", [(("cache", "dram", "reloads"), {})]),
+    ("relaygr_cache_dram_reload_bytes", "counter", "Bytes copied from DRAM to the device.",
+     [(("cache", "dram", "bytes_copied"), {})]),
+    ("relaygr_cache_extended_tokens", "counter", "Tokens computed to extend a cached prefix (partial hits).",
+     [(("cache", "extended_tokens"), {})]),
+    ("relaygr_trigger_inflight_slots", "gauge", "Relayed prefixes admitted and not yet consumed or dropped.",
+     [(("trigger", "inflight_slots"), {})]),
+    ("relaygr_trigger_inflight_bytes", "gauge", "Device bytes of relayed prefixes in flight.",
+     [(("trigger", "inflight_bytes"), {})]),
+    ("relaygr_trigger_bucket_tokens", "gauge", "Pre-infer token-bucket level.", [(("trigger", "bucket_tokens"), {})]),
+    ("relaygr_prefills", "counter", "Prefills that completed.", [(("counters", "prefills"), {})]),
+    ("relaygr_prefill_chunks", "counter", "Prefill chunks run on the device.", [(("counters", "prefill_chunks"), {})]),
+    ("relaygr_wasted_prefills", "counter", "Relayed prefixes evicted before any rank used them.",
+     [(("counters", "wasted_prefills"), {})]),
+    ("relaygr_prefill_errors", "counter", "Prefills that failed.", [(("counters", "prefill_errors"), {})]),
+]
+
+
+def _lookup(stats: Any, path: tuple[str, ...]) -> float | None:
+    for key in path:
+        if not isinstance(stats, dict) or key not in stats:
+            return None
+        stats = stats[key]
+    if isinstance(stats, bool | str | bytes | dict | list) or stats is None:
+        return None
+    try:
+        return float(stats)  # ints, floats and numpy scalars
+    except (TypeError, ValueError):
+        return None
+
+
+class EngineStatsCollector(Collector):
+    """Turns `engine.stats()` into gauges and counters when Prometheus scrapes."""
+
+    def __init__(self, holder: EngineHolder, instance_id: str) -> None:
+        self.holder = holder
+        self.instance_id = instance_id
+
+    def collect(self) -> Iterator[Metric]:
+        ready = self.holder.state == READY
+        yield GaugeMetricFamily("relaygr_engine_ready", "1 once the engine is warmed up and calibrated.",
+                                value=1.0 if ready else 0.0)
+        engine = self.holder.peek()
+        info = GaugeMetricFamily("relaygr_instance_info", "Instance identity (value is always 1).",
+                                 labels=["instance", "model_version", "pid"])
+        info.add_metric([self.instance_id, engine.model_version if engine else "", str(os.getpid())], 1.0)
+        yield info
+        if not ready or engine is None:
+            return
+        try:
+            stats = engine.stats()
+        except Exception:  # noqa: BLE001 - a failing stats() must not fail the scrape
+            logger.exception("engine.stats() failed during a metrics scrape")
+            return
+        for name, kind, doc, sources in STATS_METRICS:
+            label_names = sorted({k for _, labels in sources for k in labels})
+            family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(name, doc, labels=label_names)
+            found = False
+            for path, labels in sources:
+                value = _lookup(stats, path)
+                if value is not None:
+                    family.add_metric([labels[k] for k in label_names], value)
+                    found = True
+            if found:
+                yield family
+
+
+class ServingMetrics:
+    """Every metric of one app, registered in its own CollectorRegistry."""
+
+    def __init__(self, holder: EngineHolder, instance_id: str) -> None:
+        disable_created_metrics()  # no *_created series (process-wide, as vLLM does)
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("relaygr_http_requests", "HTTP requests by endpoint, method and status.",
+                                ["endpoint", "method", "status"], registry=r)
+        self.latency = Histogram("relaygr_request_latency_seconds",
+                                 "End-to-end handling time per endpoint and cache tier (tier 'none' off /v1/rank).",
+                                 ["endpoint", "cache"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.rank_phase = Histogram("relaygr_rank_phase_seconds",
+                                    "Engine-reported phases of a rank (wait, queue, compute, total).",
+                                    ["phase"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.rank_tiers = Counter("relaygr_rank_requests", "Ranks served, by the cache tier that served them.",
+                                  ["cache"], registry=r)
+        self.trigger = Counter("relaygr_trigger_decisions", "Pre-infer decisions of the trigger, by reason.",
+                               ["reason"], registry=r)
+        self.rejections = Counter("relaygr_rejections", "Requests answered 503 (overloaded or not ready).",
+                                  ["endpoint", "reason"], registry=r)
+        self.truncations = Counter("relaygr_truncations", "Ranks computed on a truncated history.", registry=r)
+        for tier in CACHE_TIERS:
+            self.rank_tiers.labels(tier)
+        for reason in (*REASONS, "disabled"):
+            self.trigger.labels(reason)
+        r.register(EngineStatsCollector(holder, instance_id))
+
+    def observe_request(self, endpoint: str, method: str, status: int, seconds: float, cache: str | None) -> None:
+        self.requests.labels(endpoint, method, str(status)).inc()
+        self.latency.labels(endpoint, cache or NO_TIER).observe(seconds)
+
+    def observe_rank(self, result: RankResult) -> None:
+        self.rank_tiers.labels(result.cache).inc()
+        if result.truncated:
+            self.truncations.inc()
+        for phase, ms in result.timings_ms.items():
+            self.rank_phase.labels(phase).observe(ms / 1e3)
+
+    def observe_preinfer(self, result: PreinferResult) -> None:
+        self.trigger.labels(result.reason).inc()
+
+    def observe_rejection(self, endpoint: str, reason: str) -> None:
+        self.rejections.labels(endpoint, reason).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """Prometheus text exposition of the registry and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

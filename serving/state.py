@@ -1,0 +1,21 @@
+"""Per-app state shared by the blueprint's views (stored in `app.extensions["relaygr"]`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mindspore_relaygr.config import RelayGRConfig
+from serving.engine_holder import EngineHolder
+from serving.metrics import ServingMetrics
+from serving.schemas import Limits
+from serving.settings import ServingSettings
+
+
+@dataclass(frozen=True)
+class AppState:
+    config: RelayGRConfig
+    settings: ServingSettings
+    limits: Limits
+    holder: EngineHolder
+    metrics: ServingMetrics
+    instance_id: str

@@ -1,0 +1,110 @@
+"""Cluster spec, the generated nginx.conf (checked by `nginx -t` when nginx is installed), settings."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mindspore_relaygr.errors import ConfigError
+from serving import headers
+from serving.cluster import ClusterError, ClusterSpec, find_nginx, render_nginx_conf
+from serving.settings import ServingSettings, load_from_env, to_env
+from tests.conftest import CONFIGS, REPO
+
+
+def test_spec_ports_ids_and_servers(tmp_path):
+    spec = ClusterSpec(port=9000, num_instances=3, run_dir=tmp_path)
+    assert spec.instance_ids == ["i0", "i1", "i2"]
+    assert spec.instance_ports == [9001, 9002, 9003]
+    assert spec.servers == ["127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"]
+    assert spec.ring().servers == spec.servers
+    for bad in ({"num_instances": 0}, {"port": 65535}, {"max_fails": -1}, {"fail_timeout_s": 0}):
+        with pytest.raises(ClusterError):
+            ClusterSpec(**{"port": 9000, "num_instances": 2, "run_dir": tmp_path, **bad})
+
+
+def test_rendered_nginx_conf_hashes_on_the_affinity_header(tmp_path):
+    spec = ClusterSpec(port=9000, num_instances=2, run_dir=tmp_path, max_fails=2, fail_timeout_s=7.5,
+                       max_body_bytes=1234567)
+    conf = render_nginx_conf(spec)
+    assert "hash $http_x_relaygr_affinity consistent;" in conf
+    assert headers.nginx_variable(headers.AFFINITY) == "$http_x_relaygr_affinity"
+    assert "server 127.0.0.1:9001 max_fails=2 fail_timeout=7.5s;" in conf
+    assert "server 127.0.0.1:9002 max_fails=2 fail_timeout=7.5s;" in conf
+    assert "proxy_next_upstream error timeout http_503 non_idempotent;" in conf
+    assert "listen 127.0.0.1:9000;" in conf and "client_max_body_size 1234567;" in conf
+    assert f"pid {tmp_path.resolve()}/nginx.pid;" in conf and re.search(r"@[A-Z_]+@", conf) is None
+
+
+def test_template_placeholders_must_match(tmp_path):
+    bad = tmp_path / "t.template"
+    bad.write_text("listen @HOST@:@PORT@; @UNKNOWN@")
+    with pytest.raises(ClusterError, match="UNKNOWN"):
+        render_nginx_conf(ClusterSpec(port=9000, num_instances=1, run_dir=tmp_path), bad)
+
+
+def test_generated_conf_passes_nginx_t(tmp_path):
+    try:
+        nginx = find_nginx()
+    except ClusterError:
+        pytest.fail("nginx is not installed (apt-get install -y nginx); scripts/run_tests.sh installs it")
+    spec = ClusterSpec(port=9000, num_instances=3, run_dir=tmp_path)
+    for sub in ("logs", "tmp"):
+        (tmp_path / sub).mkdir()
+    (tmp_path / "nginx.conf").write_text(render_nginx_conf(spec))
+    out = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-e",
+                          str(tmp_path / "logs" / "e.log")], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+
+
+def test_find_nginx_explains_a_missing_binary(tmp_path):
+    with pytest.raises(ClusterError, match="apt-get install -y nginx"):
+        find_nginx(str(tmp_path / "no-nginx"))
+    assert shutil.which("nginx") is None or find_nginx() == shutil.which("nginx")
+
+
+def test_settings_round_trip_through_the_environment():
+    settings = {"host": "127.0.0.1", "port": 8123, "instance_id": "i7", "threads": 3, "access_log": True,
+                "timeout_s": 9.5, "admin_token": "a-long-token"}
+    env = to_env(str(CONFIGS / "tiny.yaml"), ["cache.num_slots=2"], settings)
+    config, resolved = load_from_env(env)
+    assert config.cache.num_slots == 2 and config.model.version == "tiny-dev"
+    assert (resolved.port, resolved.instance_id, resolved.threads, resolved.access_log) == (8123, "i7", 3, True)
+    assert resolved.timeout_s == 9.5 and resolved.admin_token == "a-long-token"
+    assert Path(env["RELAYGR_CONFIG"]).is_absolute()
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"port": 0}, "serving.port=0"), ({"threads": 0}, "serving.threads=0"), ({"instance_id": "a b"}, "instance_id"),
+    ({"admin_token": "short"}, "<hidden>"), ({"max_content_length": 10}, "max_content_length"),
+    ({"log_level": "loud"}, "log_level"), ({"nope": 1}, "unknown serving settings"),
+])
+def test_settings_are_validated(tiny_config, bad, match):
+    with pytest.raises(ConfigError, match=match):
+        ServingSettings.from_config(tiny_config, **bad)
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"RELAYGR_SERVING_PORT": "eighty"}, "RELAYGR_SERVING_PORT"),
+    ({"RELAYGR_SERVING_ACCESS_LOG": "maybe"}, "ACCESS_LOG"),
+    ({"RELAYGR_OVERRIDES": "{"}, "RELAYGR_OVERRIDES"),
+    ({"RELAYGR_OVERRIDES": '["cache.num_slots=0"]'}, "cache.num_slots=0"),
+])
+def test_bad_environment_is_a_config_error(env, match):
+    with pytest.raises(ConfigError, match=match):
+        load_from_env(env)
+
+
+def test_a_bundle_that_is_not_one_is_rejected_before_serving(tmp_path):
+    from mindspore_relaygr.errors import BundleError
+
+    with pytest.raises(BundleError, match="manifest.json is missing"):
+        load_from_env({"RELAYGR_BUNDLE": str(tmp_path)})
+    out = subprocess.run([sys.executable, "-m", "mindspore_relaygr.serving_cli", "serve", "--bundle", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "manifest.json is missing" in out.stderr
