@@ -260,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     seq.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4095])
     seq.set_defaults(func=cmd_bench_headline)
 
+    from mindspore_relaygr.serving_cli import register as register_serving
+    from mindspore_relaygr.train.commands import register as register_train
+
+    register_serving(sub)
+    register_train(sub)
+
     profile = sub.add_parser("profile", help="calibrate the latency model on the compiled graphs, write JSON")
     _add_config_args(profile, "bench_long.yaml")
     profile.add_argument("--checkpoint", default=None)

@@ -208,6 +208,33 @@ class RouterConfig:
                  "must be unique")
 
 
+@dataclass
+class ServingConfig:
+    """One HTTP instance (gunicorn, one worker process holding the engine and its cache)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    instance_id: str = "i0"
+    threads: int = 8  # gthread threads of the single worker
+    timeout_s: float = 120.0
+    graceful_timeout_s: float = 15.0
+    keepalive_s: float = 75.0
+    max_content_length: int = 4 * 1024 * 1024
+    admin_token: str | None = None  # bearer token for /v1/admin/*; null: no token required
+    retry_after_s: int = 1
+    access_log: bool = False
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        _require(0 < self.port < 65536, "serving.port", self.port, "must be a TCP port")
+        for key in ("threads", "max_content_length", "retry_after_s"):
+            _require(getattr(self, key) >= 1, f"serving.{key}", getattr(self, key), "must be >= 1")
+        for key in ("timeout_s", "graceful_timeout_s", "keepalive_s"):
+            _require(getattr(self, key) > 0, f"serving.{key}", getattr(self, key), "must be > 0")
+        _require(self.log_level in ("debug", "info", "warning", "error"), "serving.log_level", self.log_level,
+                 "must be one of debug, info, warning, error")
+
+
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 MODES = ("graph", "pynative")
 
@@ -244,6 +271,9 @@ class DataConfig:
         _require(self.num_eval_negatives >= 1, "data.num_eval_negatives", self.num_eval_negatives, "must be >= 1")
 
 
+TRAIN_INITS = ("xavier", "model")
+
+
 @dataclass
 class TrainConfig:
     """Training of the ranker (one user sequence cut at a random point per step) and of the SASRec baseline."""
@@ -251,16 +281,18 @@ class TrainConfig:
     epochs: int = 10
     lr: float = 1e-3
     weight_decay: float = 0.0
-    num_negatives: int = 31  # sampled negatives per step; 1 + 31 fills a candidate bucket of 32 exactly
+    num_negatives: int = 31  # sampled negatives per step; positives + negatives should fill a candidate bucket
+    num_positives: int = 1  # positives per step: the next event and the ones after it (1 = next item only)
     max_history_len: int | None = None  # null: model.max_seq_len minus the user token
     examples_per_user: int = 1  # cuts per user and epoch
     high_rating_weight: float = 1.0  # weight of the high_rating loss (on the positive only) vs engage
+    init: str = "xavier"  # xavier: re-initialize at the HSTU reference scales | model: keep HSTUNet's init
     eval_every: int = 1  # epochs between validations (best checkpoint by validation NDCG@10)
     max_eval_users: int | None = None  # null: validate on every user
     log_every: int = 100  # steps between progress lines
     seed: int = 0  # example order, cut points and training negatives
     output_dir: str = "outputs/train"
-    sasrec_epochs: int = 40
+    sasrec_epochs: int = 20
     sasrec_lr: float = 1e-3
     sasrec_d_model: int = 64
     sasrec_num_layers: int = 2
@@ -270,8 +302,8 @@ class TrainConfig:
     sasrec_dropout: float = 0.2
 
     def __post_init__(self) -> None:
-        for key in ("epochs", "num_negatives", "examples_per_user", "eval_every", "log_every", "sasrec_epochs",
-                    "sasrec_d_model", "sasrec_num_layers", "sasrec_num_heads", "sasrec_max_len",
+        for key in ("epochs", "num_negatives", "num_positives", "examples_per_user", "eval_every", "log_every",
+                    "sasrec_epochs", "sasrec_d_model", "sasrec_num_layers", "sasrec_num_heads", "sasrec_max_len",
                     "sasrec_batch_size"):
             _require(getattr(self, key) >= 1, f"train.{key}", getattr(self, key), "must be >= 1")
         for key in ("lr", "sasrec_lr"):
@@ -284,6 +316,7 @@ class TrainConfig:
         _require(self.sasrec_d_model % self.sasrec_num_heads == 0, "train.sasrec_d_model", self.sasrec_d_model,
                  f"must be a multiple of train.sasrec_num_heads={self.sasrec_num_heads}")
         _require(0.0 <= self.sasrec_dropout < 1.0, "train.sasrec_dropout", self.sasrec_dropout, "must be in [0, 1)")
+        _require(self.init in TRAIN_INITS, "train.init", self.init, f"must be one of {TRAIN_INITS}")
 
 
 @dataclass
@@ -296,6 +329,7 @@ class RelayGRConfig:
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -1,0 +1,368 @@
+"""Serving bundle: everything a server needs to start from a trained ranker, verified on load.
+
+A bundle directory holds:
+
+    config.yaml     the resolved config; `model.version` = the bundle's model version
+    model.ckpt      the HSTUNet weights (`RelayGRModel.save_checkpoint`)
+    items.json      item vocabulary: raw -> dense ids, dense id -> title
+    users.json      user vocabulary: raw -> dense ids, dense id -> features (and their names)
+    prefix_p{P}.mindir                 prefix tokens -> per-layer K [L, h, P, dqk], V [L, h, P, dv]
+    candidate_p{P}_s{S}_m{M}.mindir    K, V, past meta, suffix tokens, candidates -> logits [M, tasks]
+    manifest.json   format, model version, and the sha256 and size of every file above
+
+The model version is `<name>-<first 12 hex digits of the checkpoint's sha256>`: it is part of every cache
+key, so caches of different weights never mix. The MindIR graphs are pure functions (no pool, reference
+ops) built on `HSTUNet.encode`, one file per static shape; by default the covering set (each prefix bucket,
+and per prefix bucket the largest suffix and candidate buckets, which padding makes valid for any smaller
+request); `all_buckets=True` exports every combination. Their input order is in the manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mindspore_relaygr.config import ConfigError, RelayGRConfig, load_config, save_config
+from mindspore_relaygr.errors import BundleError
+
+logger = logging.getLogger(__name__)
+
+BUNDLE_FORMAT = 1
+MANIFEST_FILE = "manifest.json"
+CONFIG_FILE = "config.yaml"
+CHECKPOINT_FILE = "model.ckpt"
+ITEMS_FILE = "items.json"
+USERS_FILE = "users.json"
+REQUIRED_FILES = (CONFIG_FILE, CHECKPOINT_FILE, ITEMS_FILE, USERS_FILE)
+PREFIX_INPUTS = ("item_ids", "action_ids", "user_feats", "user_row", "pos", "hi", "lo", "valid")
+CANDIDATE_INPUTS = ("keys", "values", "past_pos", "past_hi", "past_lo", "past_valid", "item_ids", "action_ids",
+                    "pos", "hi", "lo", "valid", "cand_ids", "cand_pos", "cand_hi", "cand_lo")
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Raw <-> dense ids and side information of a dataset, as a server needs them."""
+
+    item_vocab: dict[int, int]  # raw item id -> dense id (1..num_items)
+    user_vocab: dict[int, int]  # raw user id -> dense id
+    item_titles: dict[int, str]  # dense item id -> title
+    user_features: dict[int, tuple[int, ...]]  # dense user id -> feature ids
+    user_feature_names: tuple[str, ...] = ()
+
+    @classmethod
+    def from_interactions(cls, data: Any) -> Vocabulary:
+        """From `data.movielens.Interactions`."""
+        from mindspore_relaygr.data.movielens import USER_FEATURE_NAMES
+
+        names = USER_FEATURE_NAMES if data.user_feature_sizes else ()
+        return cls(dict(data.item_vocab), dict(data.user_vocab), dict(data.item_titles),
+                   {u: tuple(f) for u, f in data.user_features.items()}, tuple(names))
+
+    def items_json(self) -> dict[str, Any]:
+        return {"raw_to_dense": {str(k): v for k, v in self.item_vocab.items()},
+                "titles": {str(k): v for k, v in sorted(self.item_titles.items())}}
+
+    def users_json(self) -> dict[str, Any]:
+        return {"raw_to_dense": {str(k): v for k, v in self.user_vocab.items()},
+                "feature_names": list(self.user_feature_names),
+                "features": {str(k): list(v) for k, v in sorted(self.user_features.items())}}
+
+    @classmethod
+    def from_json(cls, items: dict[str, Any], users: dict[str, Any]) -> Vocabulary:
+        return cls({int(k): int(v) for k, v in items["raw_to_dense"].items()},
+                   {int(k): int(v) for k, v in users["raw_to_dense"].items()},
+                   {int(k): str(v) for k, v in items["titles"].items()},
+                   {int(k): tuple(int(x) for x in v) for k, v in users["features"].items()},
+                   tuple(users["feature_names"]))
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_version(name: str, checkpoint: str | Path) -> str:
+    """`<name>-<first 12 hex digits of the checkpoint's sha256>`."""
+    return f"{name}-{sha256_file(checkpoint)[:12]}"
+
+
+# ---------------------------------------------------------------- pure-function graphs
+
+
+def graph_cells(net: Any) -> tuple[Any, Any]:
+    """(prefix cell, candidate cell) over `net` (an HSTUNet), reference ops, no pool."""
+    from mindspore import nn, ops
+
+    from mindspore_relaygr.model.hstu import take
+
+    class PrefixKV(nn.Cell):
+        """Prefix tokens -> (K [L, h, P, dqk], V [L, h, P, dv]) of every layer."""
+
+        def __init__(self) -> None:
+            super().__init__(auto_prefix=False)  # leave the net's parameter names (checkpoint keys) alone
+            self.net = net
+
+        def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid):
+            x = self.net.add_user_token(self.net.embed(item_ids, action_ids), user_feats, user_row)
+            keys, values, _ = self.net.encode(x, (pos, hi, lo, valid), None, None, None, False)
+            return ops.stack(keys), ops.stack(values)
+
+    class CandidateLogits(nn.Cell):
+        """Prefix K/V and meta + suffix tokens + candidates -> candidate logits [M, tasks]."""
+
+        def __init__(self) -> None:
+            super().__init__(auto_prefix=False)  # leave the net's parameter names (checkpoint keys) alone
+            self.net = net
+            self.num_layers = len(net.layers)
+
+        def construct(self, keys, values, past_pos, past_hi, past_lo, past_valid, item_ids, action_ids, pos, hi,
+                      lo, valid, cand_ids, cand_pos, cand_hi, cand_lo):
+            x = self.net.embed(item_ids, action_ids)
+            cand = self.net.embed_candidates(cand_ids)
+            # encode takes K/V per layer; Slice (not integer indexing, slow on CPU) splits the stacked inputs.
+            keys = tuple(ops.squeeze(take(keys, i, i + 1), 0) for i in range(self.num_layers))
+            values = tuple(ops.squeeze(take(values, i, i + 1), 0) for i in range(self.num_layers))
+            past = (keys, values, past_pos, past_hi, past_lo, past_valid)
+            _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo), False)
+            return self.net.logits(hidden)
+
+    return PrefixKV(), CandidateLogits()
+
+
+def _spec(shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
+    return {"shape": list(shape), "dtype": dtype}
+
+
+def prefix_input_specs(config: RelayGRConfig, bucket: int) -> list[dict[str, Any]]:
+    feats = max(1, len(config.model.user_feature_sizes))
+    dtypes = ("int32", "int32", "int32", "float32", "int32", "float32", "float32", "bool")
+    shapes = ((bucket,), (bucket,), (feats,), (bucket,), (bucket,), (bucket,), (bucket,), (bucket,))
+    return [{"name": n, **_spec(s, d)} for n, s, d in zip(PREFIX_INPUTS, shapes, dtypes, strict=True)]
+
+
+def candidate_input_specs(config: RelayGRConfig, past: int, suffix: int, cands: int) -> list[dict[str, Any]]:
+    m = config.model
+    shapes = ((m.num_layers, m.num_heads, past, m.d_qk), (m.num_layers, m.num_heads, past, m.d_v),
+              (past,), (past,), (past,), (past,), *((suffix,),) * 6, (cands,), (1,), (1,), (1,))
+    dtypes = ("float32", "float32", "int32", "float32", "float32", "bool", "int32", "int32", "int32", "float32",
+              "float32", "bool", "int32", "int32", "float32", "float32")
+    return [{"name": n, **_spec(s, d)} for n, s, d in zip(CANDIDATE_INPUTS, shapes, dtypes, strict=True)]
+
+
+def mindir_plan(config: RelayGRConfig, all_buckets: bool = False) -> dict[str, dict[str, Any]]:
+    """File stem -> {graph, inputs}: the MindIR files a bundle holds."""
+    m = config.model
+    prefix_buckets = [b for b in m.len_buckets if b <= config.cache.max_prefix_len]
+    suffixes = m.suffix_buckets if all_buckets else m.suffix_buckets[-1:]
+    cand_buckets = m.candidate_buckets if all_buckets else m.candidate_buckets[-1:]
+    plan = {f"prefix_p{p}": {"graph": "prefix", "inputs": prefix_input_specs(config, p)} for p in prefix_buckets}
+    for p in prefix_buckets:
+        for s in suffixes:
+            for c in cand_buckets:
+                plan[f"candidate_p{p}_s{s}_m{c}"] = {"graph": "candidate",
+                                                     "inputs": candidate_input_specs(config, p, s, c)}
+    return plan
+
+
+def _zeros(spec: dict[str, Any]) -> Any:
+    from mindspore import Tensor
+
+    return Tensor(np.zeros(spec["shape"], dtype=np.dtype(spec["dtype"])))
+
+
+def export_mindir(model: Any, config: RelayGRConfig, out_dir: str | Path, all_buckets: bool = False
+                  ) -> dict[str, dict[str, Any]]:
+    """Write the MindIR files of `mindir_plan` into `out_dir`; returns file name -> {graph, inputs, outputs}."""
+    import mindspore as ms
+
+    prefix_cell, candidate_cell = graph_cells(model.net)
+    prefix_cell.set_train(False)
+    candidate_cell.set_train(False)
+    files = {}
+    for stem, entry in mindir_plan(config, all_buckets).items():
+        t0 = time.perf_counter()
+        cell = prefix_cell if entry["graph"] == "prefix" else candidate_cell
+        ms.export(cell, *(_zeros(s) for s in entry["inputs"]), file_name=str(Path(out_dir) / stem),
+                  file_format="MINDIR")
+        outputs = ["keys", "values"] if entry["graph"] == "prefix" else ["logits"]
+        files[f"{stem}.mindir"] = {**entry, "outputs": outputs}
+        logger.info("exported %s.mindir in %.1f s", stem, time.perf_counter() - t0)
+    return files
+
+
+# ---------------------------------------------------------------- bundle write / verify / load
+
+
+def export_bundle(model: Any, config: RelayGRConfig, vocab: Vocabulary, out_dir: str | Path, name: str = "relaygr",
+                  all_buckets: bool = False, overwrite: bool = False) -> Path:
+    """Write a serving bundle of `model` (weights) and `config` to `out_dir`; returns the directory.
+
+    The bundle is assembled in a temporary sibling directory and renamed into place, so a reader never
+    sees a half-written bundle. An existing `out_dir` is replaced only with `overwrite=True`."""
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise BundleError(f"bundle directory {out} already exists (pass overwrite=True / --overwrite)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_checkpoint(tmp / CHECKPOINT_FILE)
+        version = model_version(name, tmp / CHECKPOINT_FILE)
+        resolved = dataclasses.replace(config, model=dataclasses.replace(config.model, version=version))
+        save_config(resolved, tmp / CONFIG_FILE)
+        (tmp / ITEMS_FILE).write_text(json.dumps(vocab.items_json(), ensure_ascii=False) + "\n", encoding="utf-8")
+        (tmp / USERS_FILE).write_text(json.dumps(vocab.users_json()) + "\n", encoding="utf-8")
+        graphs = export_mindir(model, resolved, tmp, all_buckets)
+        _write_manifest(tmp, version, graphs)
+        tmp.chmod(0o755)  # mkdtemp makes it private; a bundle is an artifact other users may serve from
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("bundle %s written to %s", version, out)
+    return out
+
+
+def _write_manifest(root: Path, version: str, graphs: dict[str, dict[str, Any]]) -> None:
+    import mindspore as ms
+
+    files = {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in sorted(root.iterdir())}
+    manifest = {"format": BUNDLE_FORMAT, "model_version": version, "mindspore": ms.__version__,
+                "created_unix": int(time.time()), "files": files, "mindir": graphs}
+    (root / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _read_json(root: Path, name: str) -> Any:
+    try:
+        return json.loads((root / name).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(f"bundle {root}: {name} is unreadable or corrupt ({exc})") from exc
+
+
+def verify_bundle(path: str | Path) -> dict[str, Any]:
+    """Check that every file of the manifest exists with its recorded size and sha256; returns the manifest."""
+    root = Path(path)
+    if not root.is_dir():
+        raise BundleError(f"bundle {root}: not a directory")
+    if not (root / MANIFEST_FILE).is_file():
+        raise BundleError(f"bundle {root}: {MANIFEST_FILE} is missing")
+    manifest = _read_json(root, MANIFEST_FILE)
+    fmt = manifest.get("format") if isinstance(manifest, dict) else None
+    if fmt != BUNDLE_FORMAT or not isinstance(manifest.get("files"), dict):
+        raise BundleError(f"bundle {root}: {MANIFEST_FILE} has format {fmt!r} or no file list; expected format "
+                          f"{BUNDLE_FORMAT}")
+    files = manifest["files"]
+    for name in REQUIRED_FILES:
+        if name not in files:
+            raise BundleError(f"bundle {root}: {MANIFEST_FILE} does not list {name}")
+    for name, meta in files.items():
+        file = root / name
+        if not file.is_file():
+            raise BundleError(f"bundle {root}: file {name} is missing")
+        if file.stat().st_size != meta["bytes"] or sha256_file(file) != meta["sha256"]:
+            raise BundleError(f"bundle {root}: file {name} is corrupt (size or sha256 differs from {MANIFEST_FILE})")
+    return manifest
+
+
+def load_bundle_config(path: str | Path, overrides: list[str] | None = None) -> RelayGRConfig:
+    """The verified bundle's config (with overrides, e.g. cache sizes); its model version must match."""
+    root = Path(path)
+    manifest = verify_bundle(root)
+    try:
+        config = load_config(root / CONFIG_FILE, overrides)
+    except ConfigError as exc:
+        raise BundleError(f"bundle {root}: {CONFIG_FILE} is invalid: {exc}") from exc
+    if config.model.version != manifest["model_version"]:
+        raise BundleError(f"bundle {root}: model.version={config.model.version!r} differs from the manifest's "
+                          f"{manifest['model_version']!r}")
+    return config
+
+
+def load_bundle(path: str | Path, overrides: list[str] | None = None) -> tuple[RelayGRConfig, Any]:
+    """Verify a bundle and build its `RelayGRModel` with the bundled weights -> (config, model)."""
+    from mindspore_relaygr.model.ranker import RelayGRModel
+
+    root = Path(path)
+    config = load_bundle_config(root, overrides)
+    model = RelayGRModel(config)
+    try:
+        model.load_checkpoint(root / CHECKPOINT_FILE)
+    except (ValueError, RuntimeError) as exc:
+        raise BundleError(f"bundle {root}: {CHECKPOINT_FILE} does not fit the model: {exc}") from exc
+    return config, model
+
+
+def load_vocabulary(path: str | Path) -> Vocabulary:
+    """The item/user vocabularies of a bundle (call `verify_bundle` first; `load_bundle` does)."""
+    root = Path(path)
+    return Vocabulary.from_json(_read_json(root, ITEMS_FILE), _read_json(root, USERS_FILE))
+
+
+# ---------------------------------------------------------------- MindIR load check
+
+
+def _pick_candidate_graph(manifest: dict[str, Any], past: int, suffix: int, cands: int) -> tuple[str, int, int]:
+    """(file, suffix bucket, candidate bucket) of the smallest bundled candidate graph that fits."""
+    fits = []
+    for name, entry in manifest["mindir"].items():
+        if entry["graph"] != "candidate":
+            continue
+        shapes = {spec["name"]: spec["shape"] for spec in entry["inputs"]}
+        s, m = shapes["item_ids"][0], shapes["cand_ids"][0]
+        if shapes["past_pos"][0] == past and s >= suffix and m >= cands:
+            fits.append((s, m, name))
+    if not fits:
+        raise BundleError(f"no bundled candidate graph takes a prefix of {past} tokens, {suffix} suffix events "
+                          f"and {cands} candidates")
+    s, m, name = min(fits)
+    return name, s, m
+
+
+def mindir_scores(bundle_dir: str | Path, config: RelayGRConfig, history: Any, candidate_ids: Any,
+                  prefix_len: int) -> np.ndarray:
+    """Probabilities [M, tasks] from the bundle's MindIR graphs: events [0, prefix_len) through the prefix graph,
+    its K/V with the remaining events and the candidates through the candidate graph."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    from mindspore_relaygr.model.inputs import bucket_for, validate_candidates, validate_history
+    from mindspore_relaygr.train.feeds import candidate_inputs, last_time, prefix_inputs, suffix_inputs
+
+    root, cfg = Path(bundle_dir), config.model
+    manifest = verify_bundle(root)
+    hist, cands = validate_history(cfg, history), validate_candidates(cfg, candidate_ids)
+    prefix, suffix = hist.slice(0, prefix_len), hist.slice(prefix_len)
+    prefix_tok = prefix_len + (1 if cfg.has_user_token else 0)
+    past = bucket_for(prefix_tok, [b for b in cfg.len_buckets if b <= config.cache.max_prefix_len], "prefix_len")
+    name, suffix_bucket, cand_bucket = _pick_candidate_graph(manifest, past, len(suffix), len(cands))
+    prefix_cell = nn.GraphCell(ms.load(str(root / f"prefix_p{past}.mindir")))
+    keys, values = prefix_cell(*(Tensor(a) for a in prefix_inputs(cfg, prefix, past)))
+    past_meta, suffix_arrays = suffix_inputs(cfg, prefix, suffix, past, suffix_bucket)
+    cand = candidate_inputs(cfg, cands, prefix_tok + len(suffix), last_time(suffix, last_time(prefix)), cand_bucket)
+    candidate_cell = nn.GraphCell(ms.load(str(root / name)))
+    logits = candidate_cell(keys, values, *(Tensor(a) for a in (*past_meta, *suffix_arrays, *cand))).asnumpy()
+    return (1.0 / (1.0 + np.exp(-logits[: len(cands)]))).astype(np.float32)
+
+
+def check_mindir(bundle_dir: str | Path, model: Any, history: Any, candidate_ids: Any, suffix_len: int = 8) -> float:
+    """Max |MindIR prefix -> candidate scores - model.rank_full scores| for one request."""
+    from mindspore_relaygr.model.inputs import validate_history
+
+    num_events = len(validate_history(model.cfg, history))
+    prefix_len = max(1, num_events - min(suffix_len, model.cfg.max_suffix_len))
+    scores = mindir_scores(bundle_dir, model.config, history, candidate_ids, prefix_len)
+    return float(np.abs(scores - model.rank_full(history, candidate_ids)).max())

@@ -1,0 +1,124 @@
+"""`relaygr train`, `relaygr eval` and `relaygr export`: registered on the CLI by `register(subparsers)`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from mindspore_relaygr.config import RelayGRConfig, load_config
+
+REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def _progress(tag: str):
+    def say(msg: str) -> None:
+        print(f"[{tag}] {msg}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _checkpoint_config(args: argparse.Namespace) -> RelayGRConfig:
+    """--config, or the resolved config.yaml that training wrote next to --checkpoint."""
+    path = args.config or Path(args.checkpoint).parent / "config.yaml"
+    return load_config(path, args.override)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from mindspore_relaygr.train.trainer import CONFIG_NAME, METRICS_NAME, train
+
+    overrides = [*args.override, *([f"train.output_dir={args.output_dir}"] if args.output_dir else [])]
+    cfg = load_config(args.config, overrides)
+    say = _progress("train")
+    say(f"config {args.config}: d={cfg.model.d_model}, {cfg.model.num_layers} layers, {cfg.train.epochs} epochs, "
+        f"output {cfg.train.output_dir}")
+    t0 = time.perf_counter()
+    result = train(cfg, progress=say)
+    best = result.best
+    print(f"best checkpoint: {result.checkpoint} (epoch {best['epoch']}, valid HR@10 {best['valid_hr@10']:.4f}, "
+          f"NDCG@10 {best['valid_ndcg@10']:.4f})")
+    print(f"wrote {result.output_dir / CONFIG_NAME} and {result.output_dir / METRICS_NAME}; "
+          f"{len(result.losses)} steps, wall time {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from mindspore_relaygr.train.evaluate import format_table, run_evaluation, write_report
+
+    cfg = _checkpoint_config(args)
+    t0 = time.perf_counter()
+    report = run_evaluation(cfg, args.checkpoint, args.split, args.suffix_len, not args.no_baselines,
+                            args.max_users, progress=_progress("eval"))
+    report["wall_seconds"] = time.perf_counter() - t0
+    print(format_table(report))
+    out = Path(args.out) if args.out else Path(args.checkpoint).parent / f"eval_{args.split}.json"
+    write_report(report, out)
+    print(f"wrote {out}; wall time {report['wall_seconds']:.0f} s")
+    return 0 if report["identical_metrics"] else 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from mindspore_relaygr.data.movielens import load_movielens
+    from mindspore_relaygr.export import Vocabulary, check_mindir, export_bundle, load_bundle
+    from mindspore_relaygr.model.ranker import RelayGRModel
+    from mindspore_relaygr.train.dataset import prepare_data
+
+    cfg = _checkpoint_config(args)
+    say = _progress("export")
+    t0 = time.perf_counter()
+    model = RelayGRModel(cfg)
+    model.load_checkpoint(args.checkpoint)
+    data = prepare_data(cfg, load_movielens(cfg.data.path))
+    name = args.name or cfg.model.version.split("-")[0]
+    out = Path(args.out_dir) if args.out_dir else Path(args.checkpoint).parent / "bundle"
+    say(f"exporting {args.checkpoint} to {out} (MindIR: {'every bucket' if args.all_buckets else 'covering set'})")
+    export_bundle(model, cfg, Vocabulary.from_interactions(data.interactions), out, name, args.all_buckets,
+                  args.overwrite)
+    bundle_cfg, bundle_model = load_bundle(out)
+    say(f"bundle verified and loaded: model version {bundle_cfg.model.version}")
+    if not args.no_verify:
+        example = data.eval_set("test", 1)[0]
+        diff = check_mindir(out, bundle_model, example.history, example.candidate_ids)
+        say(f"MindIR prefix -> candidate vs rank_full on user {example.user_id}: max |diff| {diff:.2e}")
+        if diff > 1e-5:
+            print(f"MindIR scores differ from the model by {diff:.2e} (> 1e-5)", file=sys.stderr)
+            return 1
+    files = sorted(p.name for p in out.iterdir())
+    print(f"bundle {out} ({bundle_cfg.model.version}): {', '.join(files)}; wall time {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def _config_args(parser: argparse.ArgumentParser, default: str | None) -> None:
+    help_text = "YAML config file" if default else "YAML config (default: config.yaml next to --checkpoint)"
+    parser.add_argument("--config", default=default, help=help_text)
+    parser.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a config value (repeatable), e.g. -o train.epochs=2")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the train / eval / export subcommands to the `relaygr` parser."""
+    train = subparsers.add_parser("train", help="train the ranker (best checkpoint, config and metrics JSON)")
+    _config_args(train, str(REPO_CONFIGS / "ml100k.yaml"))
+    train.add_argument("--output-dir", help="where to write (overrides train.output_dir)")
+    train.set_defaults(func=cmd_train)
+
+    ev = subparsers.add_parser("eval", help="leave-one-out HR@10/NDCG@10/MRR/AUC: ours (full and relay) + baselines")
+    ev.add_argument("--checkpoint", required=True, help="checkpoint written by `relaygr train`")
+    _config_args(ev, None)
+    ev.add_argument("--split", choices=("test", "valid"), default="test")
+    ev.add_argument("--suffix-len", type=int, default=8, help="events ranked as the suffix on the relay path")
+    ev.add_argument("--max-users", type=int, default=None, help="evaluate only the first N users")
+    ev.add_argument("--no-baselines", action="store_true", help="skip popularity and SASRec")
+    ev.add_argument("--out", help="report JSON (default: eval_<split>.json next to the checkpoint)")
+    ev.set_defaults(func=cmd_eval)
+
+    ex = subparsers.add_parser("export", help="write a serving bundle (config, checkpoint, vocab, MindIR)")
+    ex.add_argument("--checkpoint", required=True, help="checkpoint written by `relaygr train`")
+    _config_args(ex, None)
+    ex.add_argument("--out-dir", help="bundle directory (default: bundle/ next to the checkpoint)")
+    ex.add_argument("--name", help="model version prefix (default: model.version up to the first '-')")
+    ex.add_argument("--all-buckets", action="store_true", help="MindIR for every bucket combination")
+    ex.add_argument("--overwrite", action="store_true", help="replace an existing bundle directory")
+    ex.add_argument("--no-verify", action="store_true", help="skip the MindIR-vs-model score check")
+    ex.set_defaults(func=cmd_export)
