@@ -48,11 +48,9 @@ def bundle_engine_factory(bundle_dir: str, overrides: list[str]) -> EngineFactor
     """A factory that builds the RelayEngine on a serving bundle's weights (verified on load)."""
 
     def build(config: RelayGRConfig, instance_id: str) -> Engine:
-        from mindspore_relaygr.export import load_bundle
         from mindspore_relaygr.relay.engine import RelayEngine
 
-        _, model = load_bundle(bundle_dir, overrides)
-        return RelayEngine.from_config(config, instance_id=instance_id, model=model)
+        return RelayEngine.from_bundle(bundle_dir, overrides, instance_id=instance_id)
 
     return build
 

@@ -119,3 +119,31 @@ def test_corrupt_manifest_and_existing_directory(model_and_bundle, tmp_path):
         verify_bundle(bundle)
     with pytest.raises(BundleError, match="already exists"):
         export_bundle(model, model.config, VOCAB, out)
+
+
+def test_engine_from_bundle_ranks_like_the_original_model(model_and_bundle, tmp_path):
+    from mindspore_relaygr.relay.engine import RelayEngine
+    from mindspore_relaygr.relay.latency import LatencyModel, LatencyPoint
+
+    model, out = model_and_bundle
+    profile = tmp_path / "latency.json"
+    LatencyModel([LatencyPoint("full", 128, 32, 0, 500.0), LatencyPoint("relay", 128, 16, 32, 5.0),
+                  LatencyPoint("prefill", 128, 0, 0, 20.0)]).to_json(profile)
+    engine = RelayEngine.from_bundle(out, [f"trigger.latency_profile={profile}", "relay.warmup=false",
+                                           "trigger.slo_ms=50"], instance_id="b0")
+    try:
+        assert engine.model_version == verify_bundle(out)["model_version"]
+        hist = random_history(np.random.default_rng(3), 90, user_features=USER)
+        cands = np.arange(1, 31)
+        assert engine.preinfer("u1", hist, num_candidates=len(cands)).admitted
+        engine.wait_prefills(60)
+        res = engine.rank("u1", hist, cands)
+        expected = model.rank_full(hist, cands)  # engine idle: one MindSpore caller at a time
+        assert res.cache == "device"
+        np.testing.assert_allclose(res.scores, expected, rtol=0, atol=1e-5)
+    finally:
+        engine.close()
+    broken = _copy(out, tmp_path)
+    (broken / "model.ckpt").unlink()
+    with pytest.raises(BundleError, match="model.ckpt"):
+        RelayEngine.from_bundle(broken)

@@ -82,6 +82,14 @@ class RelayEngine:
             latency = calibrate_latency(model, config.trigger.prefill_chunk_len)
         return cls(config, model, latency, instance_id=instance_id)
 
+    @classmethod
+    def from_bundle(cls, path: str, overrides: list[str] | None = None, instance_id: str = "i0") -> RelayEngine:
+        """Build on a serving bundle (`relaygr export`): verified, with its config, weights and version."""
+        from mindspore_relaygr.export import load_bundle
+
+        config, model = load_bundle(path, overrides)
+        return cls.from_config(config, instance_id=instance_id, model=model)
+
     @property
     def model_version(self) -> str:
         return self.model.version

@@ -118,7 +118,7 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> N
 @contextlib.contextmanager
 def serve(tmp: Path, instance_id: str = "s0", config: Path | None = None, overrides: tuple[str, ...] = (),
           engine_factory: str | None = None, env: dict[str, str] | None = None,
-          ready_timeout: float = 600.0) -> Iterator[tuple[str, subprocess.Popen, Path]]:
+          ready_timeout: float = 600.0, bundle: Path | None = None) -> Iterator[tuple[str, subprocess.Popen, Path]]:
     """`relaygr serve` (via python -m) on a free port; yields (base url, process, log path)."""
     port = free_port_block(1)
     log = tmp / f"{instance_id}.log"
@@ -126,6 +126,8 @@ def serve(tmp: Path, instance_id: str = "s0", config: Path | None = None, overri
            "--instance-id", instance_id, "--pid-file", str(tmp / f"{instance_id}.pid")]
     if config is not None:
         cmd += ["--config", str(config)]
+    if bundle is not None:
+        cmd += ["--bundle", str(bundle)]
     for o in overrides:
         cmd += ["-o", o]
     if engine_factory:
