@@ -177,7 +177,8 @@ class RelayConfig:
     enabled: bool = True
     miss_policy: str = "full"  # full: compute anyway | truncate: rank the last max_online_len events
     max_online_len: int = 512  # the production length cap of the baseline
-    inflight_wait_ms: float = 100.0  # how long a rank waits for an in-flight prefill of its key
+    inflight_wait_ms: float = 100.0  # a rank waits for its key's in-flight prefill this long, or as long as
+    # the predicted full-path latency if that is longer
     warmup: bool = True  # compile every bucket at start-up (false: on first use, e.g. in tests)
     overload_slo_factor: float | None = None  # reject (503) when queued ranking > slo_ms * factor
 

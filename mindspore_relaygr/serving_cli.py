@@ -60,6 +60,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cluster.add_argument("--read-timeout", type=float, default=30.0, help="nginx proxy_read_timeout (s)")
     cluster.add_argument("--ready-timeout", type=float, default=900.0, help="max wait for the instances (s)")
     cluster.add_argument("--nginx", default=None, help="nginx binary (default PATH, then /usr/sbin/nginx)")
+    cluster.add_argument("--balance", choices=("affinity", "random"), default="affinity",
+                         help="affinity: consistent hash on the X-RelayGR-Affinity header (a user's pre-infer and "
+                              "rank meet on one instance); random: a random instance per request (no-affinity "
+                              "ablation)")
     cluster.set_defaults(func=cmd_cluster)
 
 
@@ -117,7 +121,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                        overrides=tuple(args.override), host=args.host, max_fails=args.max_fails,
                        fail_timeout_s=args.fail_timeout, read_timeout_s=args.read_timeout,
                        max_body_bytes=ServingSettings.from_config(config).max_content_length,
-                       engine_factory=args.engine_factory, bundle=args.bundle, nginx_bin=args.nginx)
+                       engine_factory=args.engine_factory, bundle=args.bundle, nginx_bin=args.nginx,
+                       balance=args.balance)
     cluster = Cluster(spec)
     detached = False
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
@@ -125,8 +130,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         print(f"[cluster] starting {spec.num_instances} instances on {', '.join(spec.servers)}; run dir {run_dir}",
               file=sys.stderr, flush=True)
         cluster.start(args.ready_timeout)
-        print(f"[cluster] ready: http://{spec.host}:{spec.port} (nginx, hash on the X-RelayGR-Affinity header)",
-              file=sys.stderr, flush=True)
+        how = "hash on the X-RelayGR-Affinity header" if spec.balance == "affinity" else "random instance"
+        print(f"[cluster] ready: http://{spec.host}:{spec.port} (nginx, {how})", file=sys.stderr, flush=True)
         if args.detach:
             print(f"[cluster] detached; stop with: relaygr cluster --stop --run-dir {run_dir}", file=sys.stderr)
             detached = True

@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mindspore_relaygr.errors import RelayGRError
@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 TEMPLATE = Path(__file__).with_name("nginx.conf.template")
 STATE_FILE = "cluster.json"
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
+BALANCES = ("affinity", "random")  # affinity: consistent hash on the affinity header; random: no affinity
 
 
 class ClusterError(RelayGRError, RuntimeError):
@@ -56,8 +57,11 @@ class ClusterSpec:
     engine_factory: str | None = None  # "module:callable" instead of RelayEngine.from_config
     bundle: str | None = None  # serving bundle directory instead of config_path
     nginx_bin: str | None = None
+    balance: str = "affinity"  # one of BALANCES; "random" is the no-affinity ablation
 
     def __post_init__(self) -> None:
+        if self.balance not in BALANCES:
+            raise ClusterError(f"balance={self.balance!r}: must be one of {BALANCES}")
         if self.num_instances < 1:
             raise ClusterError(f"num_instances={self.num_instances}: must be >= 1")
         if not 0 < self.port < 65536 - self.num_instances:
@@ -91,6 +95,13 @@ def find_nginx(explicit: str | None = None) -> str:
     return found
 
 
+def balance_directive(balance: str) -> str:
+    """The upstream block's balancing directive for ClusterSpec.balance."""
+    if balance == "random":
+        return "random;"
+    return f"hash {headers.nginx_variable(headers.AFFINITY)} consistent;"
+
+
 def render_nginx_conf(spec: ClusterSpec, template: Path = TEMPLATE) -> str:
     """Fill the template's @NAME@ placeholders; an unknown or unused placeholder is an error."""
     run_dir = spec.run_dir.resolve()
@@ -99,6 +110,7 @@ def render_nginx_conf(spec: ClusterSpec, template: Path = TEMPLATE) -> str:
         "HOST": spec.host,
         "PORT": str(spec.port),
         "AFFINITY_VAR": headers.nginx_variable(headers.AFFINITY),
+        "BALANCE": balance_directive(spec.balance),
         "RETRY_AFTER_HEADER": headers.RETRY_AFTER,
         "SERVERS": "\n".join(f"        server {s} max_fails={spec.max_fails} fail_timeout={spec.fail_timeout_s:g}s;"
                              for s in spec.servers),
@@ -179,16 +191,46 @@ class Cluster:
         self.members.append(self._spawn(instance_id, port, cmd))
 
     def _start_nginx(self) -> None:
-        nginx = find_nginx(self.spec.nginx_bin)
+        nginx, conf, error_log = self._write_nginx_conf(self.spec)
+        self.members.append(self._spawn("nginx", self.spec.port,
+                                        [nginx, "-p", str(self.run_dir), "-c", str(conf), "-e", error_log]))
+
+    def _write_nginx_conf(self, spec: ClusterSpec) -> tuple[str, Path, str]:
+        """Render nginx.conf for `spec` and check it with `nginx -t`; returns (nginx, conf, error log)."""
+        nginx = find_nginx(spec.nginx_bin)
         conf = self.run_dir / "nginx.conf"
-        conf.write_text(render_nginx_conf(self.spec))
+        conf.write_text(render_nginx_conf(spec))
         error_log = str(self.run_dir / "logs" / "nginx-error.log")
         check = subprocess.run([nginx, "-t", "-q", "-p", str(self.run_dir), "-c", str(conf), "-e", error_log],
                                capture_output=True, text=True, timeout=30)
         if check.returncode != 0:
             raise ClusterError(f"nginx -t rejected {conf}:\n{check.stderr.strip()}")
-        self.members.append(self._spawn("nginx", self.spec.port,
-                                        [nginx, "-p", str(self.run_dir), "-c", str(conf), "-e", error_log]))
+        return nginx, conf, error_log
+
+    def set_balance(self, balance: str, timeout_s: float = 30.0) -> None:
+        """Switch the running nginx to another balancing method, keeping the instances (and their
+        warm graphs): rewrite and check nginx.conf, then reload (SIGHUP: a new worker takes the
+        new config, the old one finishes its requests and exits). Returns once the old worker is gone."""
+        if balance == self.spec.balance:
+            return
+        nginx = next((m for m in self.members if m.name == "nginx"), None)
+        if nginx is None or (nginx.proc is not None and nginx.proc.poll() is not None):
+            raise ClusterError("nginx is not running: start the cluster first")
+        spec = replace(self.spec, balance=balance)
+        self._write_nginx_conf(spec)
+        old = set(_children(nginx.pid))
+        os.kill(nginx.pid, signal.SIGHUP)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            _check_running(nginx)
+            now = set(_children(nginx.pid))
+            if now and not now & old:
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError(f"nginx did not reload within {timeout_s:g} s; see {nginx.log}")
+            time.sleep(0.05)
+        self.spec = spec
+        logger.info("nginx reloaded: balance=%s", balance)
 
     def _spawn(self, name: str, port: int, cmd: list[str]) -> Member:
         log_path = self.run_dir / "logs" / f"{name}.log"
@@ -311,6 +353,21 @@ def _alive(pid: int) -> bool:
         except ProcessLookupError:
             return False
         return True
+
+
+def _children(pid: int) -> list[int]:
+    """Live (non-zombie) child PIDs of `pid`, from /proc."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            out.append(int(entry.name))
+    return out
 
 
 def _owned(pid: int, run_dir: Path) -> bool:

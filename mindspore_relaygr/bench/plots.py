@@ -74,3 +74,26 @@ def plot_ablation(rows: list[dict[str, Any]], slo_ms: float, path: Path) -> None
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_cluster(report: dict[str, Any], path: Path) -> None:
+    """`relaygr bench cluster`: rank P99 vs offered QPS per mode (SLO line) and cache hit rate per mode."""
+    plt = _pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    styles = {"baseline": "o-", "relay": "s-", "relay_no_affinity": "^--"}
+    for mode in report["modes"]:
+        rows = sorted((r for r in report["results"] if r["mode"] == mode), key=lambda r: r["offered_qps"])
+        qps = [r["offered_qps"] for r in rows]
+        label = f"{mode} (compliant up to {report['compliant_qps'][mode]:g} QPS)"
+        ax.plot(qps, [r["p99_ms"] for r in rows], styles.get(mode, "x-"), label=label)
+        bx.plot(qps, [r["hit_rate"] for r in rows], styles.get(mode, "x-"), label=mode)
+    ax.axhline(report["slo_ms"], color="red", linestyle="--", label=f"SLO {report['slo_ms']:g} ms")
+    ax.set(xlabel="offered load (QPS)", ylabel="rank P99 (ms)",
+           title=f"HTTP cluster: {report['num_instances']} instances behind nginx")
+    ax.legend(fontsize=8)
+    bx.set(xlabel="offered load (QPS)", ylabel="share of ranks served from a cache", ylim=(-0.05, 1.05),
+           title="cache hit rate (affinity vs random instance)")
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -25,7 +25,8 @@ class WorkloadSpec:
     min_len: int = 64
     max_len: int = 4096
     zipf_a: float = 1.2  # user popularity (revisits)
-    gap_ms: float = 50.0  # mean retrieval -> ranking gap (exponential)
+    gap_ms: float = 50.0  # mean retrieval -> ranking gap: min_gap_ms + an exponential tail
+    min_gap_ms: float = 0.0  # retrieval and pre-ranking take at least this long (0: purely exponential)
     num_candidates: int = 128
     growth_per_visit: int = 3  # new events between two visits of a user
     num_items: int = 100000
@@ -58,7 +59,9 @@ class Workload:
         popularity = ranks**-spec.zipf_a / np.sum(ranks**-spec.zipf_a)
         users = rng.choice(spec.num_users, size=spec.num_requests, p=popularity)
         arrivals = np.cumsum(rng.exponential(1.0 / spec.qps, spec.num_requests))
-        gaps = rng.exponential(spec.gap_ms / 1e3, spec.num_requests)
+        if not 0 <= spec.min_gap_ms <= spec.gap_ms:
+            raise ValueError(f"min_gap_ms must be in [0, gap_ms={spec.gap_ms}], got {spec.min_gap_ms}")
+        gaps = spec.min_gap_ms / 1e3 + rng.exponential((spec.gap_ms - spec.min_gap_ms) / 1e3, spec.num_requests)
         visits: dict[int, int] = {}
         requests = []
         for i, user in enumerate(users.tolist()):
@@ -81,6 +84,14 @@ class Workload:
         actions = rng.integers(0, spec.num_actions, full_len)
         times = 1_700_000_000 + np.cumsum(rng.integers(1, 3600, full_len))
         return {"item_ids": items[:n], "action_ids": actions[:n], "timestamps": times[:n]}
+
+    def revisit_fraction(self) -> float:
+        """Fraction of the requests that revisit a user: their user made an earlier request of this
+        workload. Equals 1 - distinct users / requests (0.0 for no requests); computed from the user
+        ids, so it stays exact for a trimmed request list."""
+        if not self.requests:
+            return 0.0
+        return 1.0 - len({r.user for r in self.requests}) / len(self.requests)
 
     def candidates(self, req: Request) -> np.ndarray:
         rng = np.random.default_rng(req.candidate_seed)

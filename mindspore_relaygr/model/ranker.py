@@ -213,9 +213,25 @@ class RelayGRModel:
                     continue
                 self._run_dummy(kind, shape)
                 count += 1
+        if "prefix" in graphs:
+            count += self._warm_slot_copies()
         seconds = time.perf_counter() - t0
         logger.info("warm-up compiled %d graph shapes in %.1f s", count, seconds)
         return {"graphs": count, "seconds": seconds}
+
+    def _warm_slot_copies(self) -> int:
+        """Compile the spill (export) and reload (import) copies of every prefix bucket on slot 0.
+
+        Runs before any request: slot 0 is overwritten with zeros, then released."""
+        lay = self.layout
+        for tokens in self.prefix_buckets:
+            zeros = SlotCopy(np.zeros((lay.num_layers, lay.num_heads, tokens, lay.d_qk), np.float32),
+                             np.zeros((lay.num_layers, lay.num_heads, tokens, lay.d_v), np.float32),
+                             np.zeros(tokens, np.float32), np.zeros(tokens, np.float32), np.zeros(tokens, np.int64))
+            self.import_slot(0, zeros)
+            self.export_slot(0)
+        self.release_slot(0)
+        return 2 * len(self.prefix_buckets)
 
     def graph_shapes(self, kind: str) -> list[tuple[int, ...]]:
         """Static shapes a graph kind is compiled for: (tokens, candidates), (past, chunk), ..."""

@@ -49,6 +49,7 @@ class RelayEngine:
         self.config, self.model, self.latency, self.instance_id = config, model, latency, instance_id
         cfg = config
         self._user_tokens = 1 if cfg.model.user_feature_sizes else 0
+        self._max_uncached_events = max(cfg.model.max_suffix_len, cfg.cache.max_extend_len)
         self.executor = DeviceExecutor(name=f"relaygr-device-{instance_id}")
         manager = KVCacheManager(model.num_slots, model.layout.slot_bytes, cfg.cache.lifetime_ms)
         expander = None
@@ -102,10 +103,14 @@ class RelayEngine:
             return self._count_preinfer(PreinferResult(False, "disabled", None, 0.0))
         key = self.cache.key_for(user_id, hist)
         tier, found = self.cache.locate(user_id, hist)
+        # A cached (or running) prefix of this history serves it when the events since fit in the
+        # suffix (or an extension) of the rank: no new prefill for a returning user whose history grew.
+        usable = found is not None and len(hist) - found.prefix_len <= self._max_uncached_events
         with self._lock:
             pending = self._pending.get(user_id)
-            inflight = (pending is not None and pending[0] == key) or (tier == "inflight" and found == key)
-            cached = tier in ("device", "dram") and found == key
+            inflight = (pending is not None and (pending[0] == key or (usable and pending[0] == found))) or (
+                tier == "inflight" and usable)
+            cached = tier in ("device", "dram") and usable
             num_candidates = num_candidates or self.config.model.max_candidates
             decision = self.trigger.decide(len(hist) + self._user_tokens, num_candidates, cached, inflight)
             if decision.admitted:
@@ -160,9 +165,9 @@ class RelayEngine:
         hist = validate_history(self.config.model, history)
         cands = validate_candidates(self.config.model, candidate_ids)
         wait_ms, waited = 0.0, False
-        if self.config.relay.enabled:
-            wait_ms, waited = self._wait_for_inflight(user_id, hist)
         predicted = self._predicted_rank_ms(hist, cands)
+        if self.config.relay.enabled:
+            wait_ms, waited = self._wait_for_inflight(user_id, hist, predicted)
         self._check_overload(predicted)
         submitted = time.perf_counter()
         with self._lock:
@@ -184,14 +189,16 @@ class RelayEngine:
         self.counters["truncations"] += int(truncated)
         return RankResult(scores, self._ranking(scores, top_k), tier, truncated, timing)
 
-    def _wait_for_inflight(self, user_id: str, hist: History) -> tuple[float, bool]:
+    def _wait_for_inflight(self, user_id: str, hist: History, full_ms: float) -> tuple[float, bool]:
+        """Wait for this key's running prefill: up to relay.inflight_wait_ms, or up to the predicted
+        full-path latency if that is longer (recomputing would not finish sooner than the prefill)."""
         with self._lock:
             pending = self._pending.get(user_id)
         if pending is None or not self.cache.matches(pending[0], hist):
             return 0.0, False
         t0 = time.perf_counter()
         try:
-            pending[1].result(timeout=self.config.relay.inflight_wait_ms / 1e3)
+            pending[1].result(timeout=max(self.config.relay.inflight_wait_ms, full_ms) / 1e3)
         except FutureTimeout:
             self.counters["inflight_wait_timeouts"] += 1
         except Exception:  # noqa: BLE001 - the prefill failed: rank without it

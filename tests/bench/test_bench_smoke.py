@@ -135,6 +135,8 @@ HEADLINE = [
     "16",
     "--gap-ms",
     "20",
+    "--min-gap-ms",
+    "5",
     "--time-limit",
     "10",
 ]

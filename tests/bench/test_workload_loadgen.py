@@ -39,6 +39,15 @@ def test_distributions_follow_their_parameters():
     assert counts[0] > counts[10] > counts[1000]  # Zipf: low ranks revisit most
 
 
+def test_gaps_have_a_floor_and_keep_their_mean():
+    spec = WorkloadSpec(num_users=100, num_requests=4000, gap_ms=600.0, min_gap_ms=500.0, seed=2)
+    gaps_ms = np.array([r.gap_s for r in Workload.generate(spec).requests]) * 1e3
+    assert gaps_ms.min() >= 500.0 and abs(gaps_ms.mean() / 600 - 1) < 0.03
+    assert abs(np.median(gaps_ms - 500.0) / (100 * np.log(2)) - 1) < 0.1  # exponential tail of mean 100 ms
+    with pytest.raises(ValueError, match="min_gap_ms"):
+        Workload.generate(WorkloadSpec(gap_ms=50.0, min_gap_ms=80.0))
+
+
 def test_history_grows_between_visits_and_stays_chronological():
     w = Workload.generate(WorkloadSpec(num_users=3, num_requests=30, growth_per_visit=4, seed=2))
     by_user = [r for r in w.requests if r.user == w.requests[0].user]

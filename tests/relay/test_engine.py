@@ -102,6 +102,26 @@ def test_rank_without_preinfer_falls_back_to_full_inference(make_engine, model):
     np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
 
 
+def test_a_returning_user_whose_history_grew_reuses_the_cached_prefix(make_engine, model):
+    eng = make_engine()
+    full = hist(6, 126)
+
+    def first(n):
+        return {k: (v if k == "user_features" else v[:n]) for k, v in full.items()}
+
+    assert eng.preinfer("u6", first(60), num_candidates=10).admitted
+    eng.wait_prefills(60)
+    decision = eng.preinfer("u6", first(66), num_candidates=10)
+    assert not decision.admitted and decision.reason == "already_cached"  # 6 new events fit the suffix
+    cands = np.arange(1, 11)
+    res = eng.rank("u6", first(66), cands)
+    assert res.cache == "device" and eng.counters["prefills"] == 1
+    np.testing.assert_allclose(res.scores, expected(model, eng, first(66), cands), atol=TOL, rtol=0)
+    limit = max(model.config.model.max_suffix_len, model.config.cache.max_extend_len)
+    assert 60 + limit + 1 <= len(full["item_ids"])
+    assert eng.preinfer("u6", first(60 + limit + 1), num_candidates=10).reason != "already_cached"
+
+
 def test_truncate_policy_and_baseline_mode(make_engine, model):
     h, cands = hist(4, 120), np.arange(1, 9)
     recent = {k: (v if k == "user_features" else v[-50:]) for k, v in h.items()}
