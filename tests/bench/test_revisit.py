@@ -107,7 +107,8 @@ def test_bench_revisit_end_to_end_on_tiny(tmp_path):
         "-o", "model.len_buckets=[128]", "-o", "model.suffix_buckets=[16]", "-o", "model.candidate_buckets=[32]",
         "-o", "trigger.slo_ms=1", "-o", "relay.max_online_len=32", "-o", "cache.num_slots=2",
         "--qps", "20", "--zipf", *map(str, zipfs), "--users", "6", "--num-requests", "16", "--median-len", "40",
-        "--max-len", "100", "--candidates", "16", "--gap-ms", "20", "--time-limit", "10", "--no-expander-too",
+        "--max-len", "100", "--candidates", "16", "--gap-ms", "20", "--min-gap-ms", "5",
+        "--time-limit", "10", "--no-expander-too",
         "--out", str(out),
     ])  # fmt: skip
     assert args.func(args) == 0
