@@ -1,10 +1,16 @@
 """Latency model: predicted milliseconds of the full, relay and prefill paths from measured buckets.
 
 Each kind of path is measured on a few shapes (a grid of length / candidate buckets). A prediction
-interpolates piecewise linearly along each axis in turn (tokens first, then suffix, then
-candidates). Along every axis the measured values are first made non-decreasing (running maximum:
-noise never makes a longer request look cheaper), queries below the first bucket take the first
-value, and queries beyond the last bucket scale the last value in proportion (latency ~ length).
+interpolates along each axis in turn (tokens first, then suffix, then candidates), either
+
+* `step` (what calibration on the model's buckets uses): a query costs what the next measured
+  shape at or above it costs, because the graphs pad every request up to its bucket: 1100 events
+  run the 2048-event graph and take its time, not a linear blend of the 1024 and 2048 times; or
+* `linear`: piecewise linear between measured shapes (for costs that really vary smoothly).
+
+Along every axis the measured values are first made non-decreasing (running maximum: noise never
+makes a longer request look cheaper), queries below the first bucket take the first value, and
+queries beyond the last bucket scale the last value in proportion (latency ~ length).
 Proportional scaling (not the last segment's slope, which differs between rows of the grid) keeps
 predictions monotone in every argument at once.
 """
@@ -31,6 +37,7 @@ KIND_AXES: dict[str, tuple[str, ...]] = {
     "prefill": ("tokens",),
 }
 _INT_FIELDS = ("tokens", "candidates", "suffix")
+INTERPOLATIONS = ("step", "linear")
 
 
 @dataclass(frozen=True)
@@ -72,12 +79,15 @@ def _count(name: str, value: Any) -> int:
     return n
 
 
-def _interp1(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """Piecewise linear through (xs, ys); flat below xs[0], proportional beyond xs[-1]."""
+def _interp1(xs: Sequence[float], ys: Sequence[float], x: float, step: bool) -> float:
+    """Through (xs, ys): the next point up (step) or piecewise linear; flat below xs[0],
+    proportional beyond xs[-1]."""
     if x <= xs[0]:
         return ys[0]
     if x >= xs[-1]:
         return ys[-1] * (x / xs[-1]) if xs[-1] > 0 else ys[-1]
+    if step:
+        return ys[bisect.bisect_left(xs, x)]  # smallest measured x >= query: the bucket it pads to
     i = bisect.bisect_right(xs, x)  # segment [i-1, i]
     slope = (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
     return ys[i - 1] + slope * (x - xs[i - 1])
@@ -94,8 +104,8 @@ def _running_max(values: list[float]) -> list[float]:
 class _Grid:
     """Nested piecewise-linear interpolation over the axes of one kind (innermost axis first)."""
 
-    def __init__(self, table: list[tuple[tuple[int, ...], float]]) -> None:
-        self.depth = len(table[0][0])
+    def __init__(self, table: list[tuple[tuple[int, ...], float]], step: bool) -> None:
+        self.depth, self.step = len(table[0][0]), step
         groups: dict[int, list[tuple[tuple[int, ...], float]]] = {}
         for coords, ms in table:
             groups.setdefault(coords[-1], []).append((coords[:-1], ms))
@@ -103,21 +113,24 @@ class _Grid:
         if self.depth == 1:
             self.ys = _running_max([groups[x][0][1] for x in self.xs])
         else:
-            self.inner = [_Grid(groups[x]) for x in self.xs]
+            self.inner = [_Grid(groups[x], step) for x in self.xs]
 
     def __call__(self, query: tuple[float, ...]) -> float:
         if self.depth == 1:
-            return _interp1(self.xs, self.ys, query[0])
+            return _interp1(self.xs, self.ys, query[0], self.step)
         values = _running_max([g(query[:-1]) for g in self.inner])
-        return _interp1(self.xs, values, query[-1])
+        return _interp1(self.xs, values, query[-1], self.step)
 
 
 class LatencyModel:
     """Predicts path latency in ms from measured `LatencyPoint`s (see module docstring)."""
 
-    def __init__(self, points: Sequence[LatencyPoint]) -> None:
+    def __init__(self, points: Sequence[LatencyPoint], interpolation: str = "step") -> None:
         if not points:
             raise ValueError("points=[]: need at least one measured point")
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation={interpolation!r}: must be one of {list(INTERPOLATIONS)}")
+        self.interpolation = interpolation
         tables: dict[str, dict[tuple[int, ...], float]] = {}
         for p in points:
             table = tables.setdefault(p.kind, {})
@@ -125,7 +138,8 @@ class LatencyModel:
                 raise ValueError(f"{p!r}: duplicate {p.kind!r} shape {p.coords} (already {table[p.coords]} ms)")
             table[p.coords] = float(p.ms)
         self.points = list(points)
-        self._grids = {kind: _Grid(list(table.items())) for kind, table in tables.items()}
+        step = interpolation == "step"
+        self._grids = {kind: _Grid(list(table.items()), step) for kind, table in tables.items()}
 
     @property
     def kinds(self) -> list[str]:
@@ -167,7 +181,8 @@ class LatencyModel:
 
     def to_json(self, path: str | Path) -> None:
         """Write the measured points as a JSON profile (`from_json` reads it back)."""
-        doc = {"version": PROFILE_VERSION, "points": [asdict(p) for p in self.points]}
+        doc = {"version": PROFILE_VERSION, "interpolation": self.interpolation,
+               "points": [asdict(p) for p in self.points]}
         Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
     @classmethod
@@ -182,7 +197,8 @@ class LatencyModel:
             raise ValueError(f"latency profile {str(path)!r}: not valid JSON: {exc}") from exc
         points = _points_from_doc(doc, str(path))
         try:
-            return cls(points)
+            # Profiles written before the interpolation key existed were meant as linear.
+            return cls(points, doc.get("interpolation", "linear"))
         except ValueError as exc:
             raise ValueError(f"latency profile {str(path)!r}: {exc}") from exc
 

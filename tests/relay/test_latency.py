@@ -45,7 +45,8 @@ def model() -> LatencyModel:
             prefill(100, 5.0),
             prefill(300, 15.0),
             prefill(500, 35.0),
-        ]
+        ],
+        interpolation="linear",
     )
 
 
@@ -74,12 +75,38 @@ def test_relay_path_interpolates_over_prefix_suffix_and_candidates(model):
     assert model.predict_relay_ms(300, 8, 10) == pytest.approx(3.0 * 300 / 200)
 
 
+def test_step_interpolation_charges_the_bucket_a_query_pads_to(model):
+    step = LatencyModel(model.points)  # the default: calibrated points are the padded buckets
+    assert step.interpolation == "step"
+    assert step.predict_full_ms(100, 10) == 10.0  # measured points are reproduced exactly
+    assert step.predict_full_ms(101, 10) == 20.0  # 101 tokens run the 200-token graph
+    assert step.predict_full_ms(201, 10) == 60.0
+    assert step.predict_full_ms(150, 11) == 30.0  # both axes round up: (200 tokens, 20 candidates)
+    assert step.predict_relay_ms(101, 9, 10) == 7.0  # (200, 32, 10)
+    assert step.predict_full_ms(50, 5) == 10.0  # flat below, proportional above, as linear
+    assert step.predict_full_ms(600, 10) == pytest.approx(60.0 * 600 / 400)
+    # cumulative 15 ms (200 pads to 300), 35 ms (400 pads to 500), 35 ms (450 pads to 500)
+    assert step.predict_prefill_chunks_ms(450, chunk_len=200) == pytest.approx([15.0, 20.0, 0.0])
+    with pytest.raises(ValueError, match="interpolation='cubic'"):
+        LatencyModel(model.points, interpolation="cubic")
+
+
+def test_profiles_keep_their_interpolation(model, tmp_path):
+    path = tmp_path / "profile.json"
+    LatencyModel(model.points).to_json(path)
+    assert LatencyModel.from_json(path).predict_full_ms(101, 10) == 20.0
+    doc = json.loads(path.read_text())
+    del doc["interpolation"]  # a profile written before the key existed was linear
+    path.write_text(json.dumps(doc))
+    assert LatencyModel.from_json(path).predict_full_ms(150, 10) == pytest.approx(15.0)
+
+
 def test_noisy_measurements_never_make_longer_requests_cheaper():
-    m = LatencyModel([full(100, 10, 10.0), full(200, 10, 8.0), full(300, 10, 20.0)])
+    m = LatencyModel([full(100, 10, 10.0), full(200, 10, 8.0), full(300, 10, 20.0)], interpolation="linear")
     assert m.predict_full_ms(200, 10) == 10.0  # the dip is lifted to the running maximum
     assert m.predict_full_ms(150, 10) == 10.0
     assert m.predict_full_ms(250, 10) == pytest.approx(15.0)
-    flat_end = LatencyModel([full(100, 10, 10.0), full(200, 10, 5.0)])
+    flat_end = LatencyModel([full(100, 10, 10.0), full(200, 10, 5.0)], interpolation="linear")
     assert flat_end.predict_full_ms(10_000, 10) == pytest.approx(10.0 * 10_000 / 200)  # lifted, then scaled
 
 
@@ -88,15 +115,16 @@ def test_single_point_is_flat_below_and_proportional_above():
     assert [m.predict_full_ms(t, c) for t, c in [(0, 0), (128, 16), (256, 16), (128, 32)]] == [7.5, 7.5, 15.0, 15.0]
 
 
+@pytest.mark.parametrize("interpolation", ["step", "linear"])
 @settings(max_examples=60, deadline=None)
 @given(
     tokens=st.lists(st.integers(1, 5000), min_size=1, max_size=4, unique=True),
     cands=st.lists(st.integers(1, 500), min_size=1, max_size=3, unique=True),
     data=st.data(),
 )
-def test_predictions_are_monotone_in_every_argument(tokens, cands, data):
+def test_predictions_are_monotone_in_every_argument(interpolation, tokens, cands, data):
     ms = st.floats(0, 1000, allow_nan=False)
-    m = LatencyModel([full(t, c, data.draw(ms)) for t in tokens for c in cands])
+    m = LatencyModel([full(t, c, data.draw(ms)) for t in tokens for c in cands], interpolation)
     qs = st.integers(0, 8000)
     t1, t2 = sorted(data.draw(st.tuples(qs, qs)))
     c1, c2 = sorted(data.draw(st.tuples(st.integers(0, 800), st.integers(0, 800))))
@@ -153,6 +181,7 @@ def test_json_round_trip(model, tmp_path):
     model.to_json(path)
     loaded = LatencyModel.from_json(path)
     assert loaded.points == model.points
+    assert loaded.interpolation == model.interpolation == "linear"
     assert loaded.predict_full_ms(333, 17) == model.predict_full_ms(333, 17)
     assert loaded.predict_relay_ms(150, 20, 15) == model.predict_relay_ms(150, 20, 15)
 
@@ -206,7 +235,8 @@ def test_calibrate_takes_the_median_of_repeats():
     assert len(calls) == 12
     assert m.points == [full(100, 10, 10.0), full(200, 10, 20.0), relay(100, 8, 10, 2.0), prefill(100, 5.0)]
     assert m.kinds == ["full", "prefill", "relay"]
-    assert math.isclose(m.predict_full_ms(150, 10), 15.0)
+    assert m.interpolation == "step"  # the shapes are buckets: 150 tokens run the 200-token graph
+    assert math.isclose(m.predict_full_ms(150, 10), 20.0)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,8 @@ from mindspore_relaygr.relay.trigger import REASONS, SequenceAwareTrigger
 
 # Full path costs exactly 1/16 ms per token: with the default slo_ms=50, risk_margin=0.8 the budget is
 # 40 ms, so 640 tokens are exactly at the budget (not at risk) and 641 tokens are at risk.
-LATENCY = LatencyModel([LatencyPoint("full", 0, 16, 0, 0.0), LatencyPoint("full", 1024, 16, 0, 64.0)])
+LATENCY = LatencyModel([LatencyPoint("full", 0, 16, 0, 0.0), LatencyPoint("full", 1024, 16, 0, 64.0)],
+                       interpolation="linear")
 AT_RISK = 656  # 41 ms
 
 
