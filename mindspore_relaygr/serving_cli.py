@@ -148,18 +148,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m mindspore_relaygr.serving_cli {serve,cluster} ...` (same as `relaygr serve|cluster`)."""
-    os.environ.setdefault("GLOG_v", "3")
+    from mindspore_relaygr.cli import run_command
+
     parser = argparse.ArgumentParser(prog="relaygr", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return args.func(args)
-    except RelayGRError as exc:
-        print(f"relaygr: error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(parser, argv)
 
 
 if __name__ == "__main__":
