@@ -69,7 +69,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summarize(outcomes: list[Outcome], offered_qps: float) -> dict[str, Any]:
-    """Latency percentiles of ranks, achieved QPS, errors, tiers and trigger reasons."""
+    """Latency percentiles of ranks (all, and per cache tier), achieved QPS, errors, tiers and trigger reasons."""
     ranks = [o for o in outcomes if o.kind == "rank"]
     good = [o.latency_ms for o in ranks if o.ok]
     span = max((o.scheduled_s + o.latency_ms / 1e3 for o in ranks), default=0.0) - min(
@@ -87,4 +87,14 @@ def summarize(outcomes: list[Outcome], offered_qps: float) -> dict[str, Any]:
         "hit_rate": sum(tiers[k] for k in ("device", "dram", "inflight", "partial")) / max(len(good), 1),
         "truncations": sum(1 for o in ranks if o.truncated),
         "trigger": dict(Counter(o.tier for o in outcomes if o.kind == "preinfer")),
+        "tier_latency_ms": {tier: {"p50": percentile(ms, 50), "p99": percentile(ms, 99), "max": max(ms)}
+                            for tier, ms in _latency_by_tier(ranks).items()},
     }
+
+
+def _latency_by_tier(ranks: list[Outcome]) -> dict[str, list[float]]:
+    by_tier: dict[str, list[float]] = {}
+    for o in ranks:
+        if o.ok:
+            by_tier.setdefault(o.tier, []).append(o.latency_ms)
+    return by_tier

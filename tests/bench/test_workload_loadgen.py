@@ -89,3 +89,8 @@ def test_summary_percentiles_and_counts_on_known_inputs():
     assert (s["ranks"], s["errors"], s["rejected_503"]) == (102, 1, 1)
     assert s["tiers"] == {"miss": 50, "device": 50} and s["hit_rate"] == 0.5
     assert s["trigger"] == {"admitted": 1, "load": 1}
+    # device ranks took 2, 4, ..., 100 ms; misses 1, 3, ..., 99 ms; failed ranks count in no tier
+    assert set(s["tier_latency_ms"]) == {"device", "miss"}
+    assert s["tier_latency_ms"]["device"]["p50"] == pytest.approx(51.0)
+    assert s["tier_latency_ms"]["miss"]["max"] == 99.0 and s["tier_latency_ms"]["device"]["max"] == 100.0
+    assert s["tier_latency_ms"]["miss"]["p99"] == pytest.approx(np.percentile(np.arange(1, 100, 2), 99))
