@@ -128,6 +128,9 @@ class ExpanderConfig:
     ttl_s: float = 600.0
     spill_policy: str = "always"  # always | used (only entries that served a rank) | never
     copy_bytes_per_s: float | None = None  # null: measured at start-up
+    # A pre-infer that finds the user's prefix only in DRAM reloads it at once (device thread,
+    # prefill priority) so the rank finds it on the device; false: the rank reloads it itself.
+    enable_prefetch: bool = True
 
     def __post_init__(self) -> None:
         _require(self.dram_bytes > 0, "expander.dram_bytes", self.dram_bytes, "must be > 0")

@@ -70,6 +70,7 @@ class RelayCache:
         self.on_evicted: Callable[[CacheKey], None] | None = None  # e.g. the engine's wasted-prefill count
         self._flushing = False
         self.extended_tokens = 0
+        self.promotions = 0  # DRAM copies reloaded ahead of their rank (at pre-infer time)
         manager.on_evict = self._on_evict
 
     # ----------------------------------------------------------------- pre-infer
@@ -151,6 +152,19 @@ class RelayCache:
     def release(self, hit: CacheHit) -> None:
         self.manager.unpin(hit.key)
 
+    def promote(self, user_id: str, history: History) -> bool:
+        """Reload the user's DRAM copy of a prefix of `history` into a device slot ahead of the
+        rank (no lookup is counted); False if it is not (only) in DRAM or the reload was skipped."""
+        tier, key = self.locate(user_id, history)
+        if tier != "dram":
+            return False
+        hit = self._reload(key)
+        if hit is None:
+            return False
+        self.release(hit)
+        self.promotions += 1
+        return True
+
     def rank(self, user_id: str, history: History, candidate_ids: Any) -> tuple[np.ndarray, str] | None:
         """Scores from the cache and the tier that served them, or None on a miss."""
         hit = self.acquire(user_id, history)
@@ -163,7 +177,7 @@ class RelayCache:
         return scores, hit.tier
 
     def stats(self) -> dict[str, Any]:
-        out = {"tiers": dict(self.tier_counts), "extended_tokens": self.extended_tokens,
+        out = {"tiers": dict(self.tier_counts), "extended_tokens": self.extended_tokens, "promotions": self.promotions,
                "device": self.manager.stats()}
         if self.expander is not None:
             out["dram"] = self.expander.stats()

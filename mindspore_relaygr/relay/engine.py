@@ -113,6 +113,9 @@ class RelayEngine:
             cached = tier in ("device", "dram") and usable
             num_candidates = num_candidates or self.config.model.max_candidates
             decision = self.trigger.decide(len(hist) + self._user_tokens, num_candidates, cached, inflight)
+            if decision.reason == "already_cached" and tier == "dram" and self.config.expander.enable_prefetch:
+                # Reload now, in the background: at rank time the copy would sit on the rank's path.
+                self.executor.submit(lambda: self._promote(user_id, hist), PREFILL)
             if decision.admitted:
                 future = self.executor.submit_steps(self._prefill_steps(user_id, hist, key), PREFILL)
                 self._pending[user_id] = (key, future)
@@ -149,6 +152,11 @@ class RelayEngine:
             self._unconsumed[user_id] = key
         self.counters["prefills"] += 1
         return True
+
+    def _promote(self, user_id: str, hist: History) -> None:
+        """Device thread: bring the user's DRAM copy back to a slot before their rank arrives."""
+        if self.cache.promote(user_id, hist):
+            self.counters["dram_prefetches"] += 1
 
     def _prefill_done(self, user_id: str, key: CacheKey, future: Future) -> None:
         with self._lock:

@@ -93,6 +93,24 @@ def test_eviction_spills_and_a_later_rank_reloads_into_a_free_slot():
     assert cache.stats()["tiers"] == {"dram": 1, "device": 1}
 
 
+def test_promote_reloads_a_dram_copy_ahead_of_the_rank_without_counting_a_lookup():
+    cache, store, _ = build(num_slots=1)
+    rng = np.random.default_rng(12)
+    a, b = make_history(rng, 10), make_history(rng, 12)
+    cache.prefill("a", a)
+    cache.prefill("b", b)  # a -> DRAM
+    assert cache.locate("a", a)[0] == "dram"
+    assert cache.promote("a", grow(a, rng, 2))  # a prefix of the grown history is what the rank will use
+    assert store.calls.count("import") == 1 and cache.promotions == 1
+    assert cache.locate("a", a)[0] == "device" and cache.locate("b", b)[0] == "dram"
+    assert cache.stats()["tiers"] == {} and cache.stats()["promotions"] == 1
+    assert not cache.promote("a", a)  # already on the device: nothing to copy
+    assert not cache.promote("c", a) and not cache.promote("a", make_history(rng, 10))  # nothing cached: R2
+    scores, tier = cache.rank("a", a, [1, 2])
+    assert tier == "device" and np.array_equal(scores, store.rank_full(a, [1, 2]))
+    assert store.calls.count("import") == 1
+
+
 @pytest.mark.parametrize(("policy", "used", "spilled"), [("never", True, 0), ("used", False, 0), ("used", True, 1)])
 def test_spill_policy(policy, used, spilled):
     cache, store, _ = build(num_slots=1, spill_policy=policy)

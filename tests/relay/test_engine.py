@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mindspore_relaygr import load_config
+from mindspore_relaygr.model.inputs import validate_history
 from mindspore_relaygr.relay.engine import RelayEngine
 from mindspore_relaygr.relay.latency import LatencyModel, LatencyPoint
 from tests.conftest import CONFIGS, random_history
@@ -120,6 +121,25 @@ def test_a_returning_user_whose_history_grew_reuses_the_cached_prefix(make_engin
     limit = max(model.config.model.max_suffix_len, model.config.cache.max_extend_len)
     assert 60 + limit + 1 <= len(full["item_ids"])
     assert eng.preinfer("u6", first(60 + limit + 1), num_candidates=10).reason != "already_cached"
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_a_preinfer_that_finds_the_prefix_in_dram_reloads_it_before_the_rank(make_engine, model, prefetch):
+    eng = make_engine(f"expander.enable_prefetch={str(prefetch).lower()}")
+    users = {f"p{i}": hist(40 + i, 60) for i in range(5)}  # one more user than the 4 slots
+    cands = np.arange(1, 11)
+    for user, h in users.items():
+        assert eng.preinfer(user, h, num_candidates=10).admitted
+        eng.wait_prefills(60)
+        assert eng.rank(user, h, cands).cache == "device"  # consumed: the trigger's footprint stays small
+    p0 = validate_history(model.cfg, users["p0"])
+    assert eng.cache.locate("p0", p0)[0] == "dram"  # the least recently used went to DRAM
+    assert eng.preinfer("p0", users["p0"], num_candidates=10).reason == "already_cached"
+    eng.executor.submit(lambda: None, 1).result(60)  # behind the prefetch (same priority, FIFO)
+    assert eng.counters["dram_prefetches"] == int(prefetch)
+    res = eng.rank("p0", users["p0"], cands)
+    assert res.cache == ("device" if prefetch else "dram")
+    np.testing.assert_allclose(res.scores, expected(model, eng, users["p0"], cands), atol=TOL, rtol=0)
 
 
 def test_truncate_policy_and_baseline_mode(make_engine, model):
