@@ -25,9 +25,9 @@ Defaults (with configs/bench_long.yaml) and why:
 * median history 2048 events: full inference of most users exceeds the 150 ms SLO, so most users
   are at risk and get relayed (short histories are never relayed: their ranks are "miss").
 * `--growth 0`: a user comes back with the same history, so their cached prefix is still exact.
-  With growth > 0 the engine's pre-infer keys the whole grown history and re-prefills it from
-  scratch when admitted, so a DRAM copy of the previous prefix is used only when that pre-infer
-  is refused; the flag shows that case.
+  With growth > 0 the cached prefix (device or DRAM) still serves the grown history while the
+  new events fit the rank's suffix or an extension (the pre-infer answers `already_cached` and
+  prefetches a DRAM copy back to the device); beyond that the grown history is re-prefilled.
 * 1 QPS: a ~2200-event prefill costs ~200 ms on this CPU, so the one device thread stays well
   below saturation and the shares show where prefixes are rather than queueing (the `load` and
   `footprint` refusals in each row's `trigger` counts say when that stops being true).
