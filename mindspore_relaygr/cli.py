@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     slo = bench_sub.add_parser("slo-throughput", help="highest QPS with rank P99 <= SLO: relay vs baseline")
     # Histories up to 1536 events: the longest bucket that full inference ranks within the default
-    # SLO (the production cap of the baseline; 2048 events take ~185 ms), so both modes comply at
+    # SLO (the production cap of the baseline: 2048 events miss a 150 ms P99), so both modes comply at
     # low load and rank the same histories. 200 requests of 150 users per point: enough samples
     # for a P99 at the higher loads (the time limit bounds the low ones).
     _add_headline_args(slo, "outputs/slo_throughput.json", median_len=1024, max_len=1536, requests=200, users=150,
