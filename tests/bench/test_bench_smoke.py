@@ -115,6 +115,9 @@ def test_bench_engine(tmp_path):
     assert set(modes) == {"baseline", "relay"}
     assert modes["baseline"]["tiers"].keys() == {"bypass"} and modes["relay"]["errors"] == 0
     assert modes["relay"]["trigger"].get("admitted", 0) > 0
+    assert report["longest_chunk_ms"] > 0 and report["prefill_chunk_len"] > 0
+    for mode in modes.values():  # the device-queue wait of every rank is measured, never negative
+        assert 0 <= mode["rank_queue_ms"]["p50"] <= mode["rank_queue_ms"]["max"]
 
 
 HEADLINE = [
