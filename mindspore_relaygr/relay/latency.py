@@ -102,7 +102,7 @@ def _running_max(values: list[float]) -> list[float]:
 
 
 class _Grid:
-    """Nested piecewise-linear interpolation over the axes of one kind (innermost axis first)."""
+    """Nested interpolation (step or piecewise linear) over the axes of one kind (innermost axis first)."""
 
     def __init__(self, table: list[tuple[tuple[int, ...], float]], step: bool) -> None:
         self.depth, self.step = len(table[0][0]), step
