@@ -180,8 +180,9 @@ class RelayConfig:
     enabled: bool = True
     miss_policy: str = "full"  # full: compute anyway | truncate: rank the last max_online_len events
     max_online_len: int = 512  # the production length cap of the baseline
-    inflight_wait_ms: float = 100.0  # a rank waits for its key's in-flight prefill this long, or as long as
-    # the predicted full-path latency if that is longer
+    inflight_wait_ms: float = 100.0  # a rank waits at least this long for its key's in-flight prefill;
+    # when the prefill's remaining chunks are predicted to beat a miss, it is boosted and waited for
+    # up to (predicted remaining + predicted miss)
     warmup: bool = True  # compile every bucket at start-up (false: on first use, e.g. in tests)
     overload_slo_factor: float | None = None  # reject (503) when queued ranking > slo_ms * factor
 

@@ -39,9 +39,18 @@ def run_one(engine: Any, workload: Workload, relay: bool, time_limit_s: float | 
         queue_ms.append(res.timings_ms["queue"])
         return res.cache, res.truncated, 200
 
+    call_stats = getattr(engine.model, "call_stats", None)
+    if call_stats is not None:
+        call_stats.reset()
     outcomes = run_open_loop(workload, preinfer if relay else None, rank, time_limit_s=time_limit_s)
     engine.wait_prefills(600)
     summary = summarize(outcomes, workload.spec.qps)
+    # What held the device thread: the longest step per kind of work, the slowest graph calls, and
+    # any graph compiled on the request path (a shape the warm-up missed).
+    summary["device_steps"] = engine.executor.step_stats()
+    if call_stats is not None:
+        summary["slowest_graph_calls"] = call_stats.slowest(3)
+        summary["cold_compiles"] = [c.as_dict() for c in call_stats.cold_calls]
     summary["rank_queue_ms"] = {"p50": percentile(queue_ms, 50), "p99": percentile(queue_ms, 99),
                                 "max": max(queue_ms, default=float("nan"))}
     summary["engine"] = engine.stats()["counters"]
@@ -74,7 +83,7 @@ def run_engine_bench(config: RelayGRConfig, spec: WorkloadSpec, loads: list[floa
             rows.append(summary)
             progress(f"{qps:g} QPS {summary['mode']:>8}: p50 {summary['p50_ms']:.0f} ms, p99 {summary['p99_ms']:.0f} "
                      f"ms, hit rate {summary['hit_rate']:.2f}, truncated {summary['truncations']}, "
-                     f"errors {summary['errors']}")
+                     f"errors {summary['errors']}; longest device step {longest_step(summary)}")
     chunk = config.trigger.prefill_chunk_len
     return {"spec": spec.__dict__, "slo_ms": config.trigger.slo_ms, "max_online_len": config.relay.max_online_len,
             "prefill_chunk_len": chunk,
@@ -83,8 +92,18 @@ def run_engine_bench(config: RelayGRConfig, spec: WorkloadSpec, loads: list[floa
             "results": rows}
 
 
+def longest_step(summary: dict[str, Any]) -> str:
+    """'label N ms' of the longest single step the device thread ran in a run."""
+    steps = summary.get("device_steps") or {}
+    if not steps:
+        return "-"
+    label, row = max(steps.items(), key=lambda kv: kv[1]["max_ms"])
+    return f"{label} {row['max_ms']:.0f} ms"
+
+
 def format_table(report: dict[str, Any]) -> str:
     head = (f"{'QPS':>5} {'mode':>8} | {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} | {'queue max':>9} | "
+            f"{'longest device step':>22} | "
             f"{'achieved':>8} | {'hit rate':>8} {'truncated':>9} {'errors':>6} | tiers / trigger")
     lines = [f"SLO {report['slo_ms']:g} ms, baseline cap {report['max_online_len']} events; longest prefill chunk "
              f"({report['prefill_chunk_len']} tokens) predicted {report['longest_chunk_ms']:.0f} ms: a rank's "
@@ -94,6 +113,7 @@ def format_table(report: dict[str, Any]) -> str:
         extra = dict(r["tiers"])
         extra.update({f"t:{k}": v for k, v in r["trigger"].items()})
         lines.append(f"{r['offered_qps']:>5g} {r['mode']:>8} | {r['p50_ms']:>7.0f} {r['p99_ms']:>7.0f} "
-                     f"{r['max_ms']:>7.0f} | {r['rank_queue_ms']['max']:>9.0f} | {r['achieved_qps']:>8.2f} | "
-                     f"{r['hit_rate']:>8.2f} {r['truncations']:>9} {r['errors']:>6} | {extra}")
+                     f"{r['max_ms']:>7.0f} | {r['rank_queue_ms']['max']:>9.0f} | {longest_step(r):>22} | "
+                     f"{r['achieved_qps']:>8.2f} | {r['hit_rate']:>8.2f} {r['truncations']:>9} {r['errors']:>6} | "
+                     f"{extra}")
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from mindspore_relaygr.bench.engine_bench import engine_for, run_one
+from mindspore_relaygr.bench.engine_bench import engine_for, longest_step, run_one
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig
 
@@ -75,7 +75,8 @@ def slo_throughput(config: RelayGRConfig, model: Any, latency: Any, spec: Worklo
         for mode, s in pair.items():
             points.append({"mode": mode, "qps": qps, **s, "complies": complies(s, slo_ms)})
             progress(f"slo-throughput {qps:g} QPS {mode:>8}: p99 {s['p99_ms']:.0f} ms "
-                     f"({'ok' if complies(s, slo_ms) else 'over'}), hit rate {s['hit_rate']:.2f}")
+                     f"({'ok' if complies(s, slo_ms) else 'over'}), hit rate {s['hit_rate']:.2f}, "
+                     f"longest device step {longest_step(s)}")
     best = {m: max((p["qps"] for p in points if p["mode"] == m and p["complies"]), default=0.0)
             for m in ("baseline", "relay")}
     ratio = best["relay"] / best["baseline"] if best["baseline"] else float("inf") if best["relay"] else float("nan")
@@ -93,7 +94,8 @@ def max_seq(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec,
         for mode, s in pair.items():
             points.append({"mode": mode, "length": length, **s, "complies": complies(s, slo_ms)})
             progress(f"max-seq {length} events {mode:>8}: p99 {s['p99_ms']:.0f} ms "
-                     f"({'ok' if complies(s, slo_ms) else 'over'})")
+                     f"({'ok' if complies(s, slo_ms) else 'over'}), tiers {s['tiers']}, "
+                     f"longest device step {longest_step(s)}")
     best = {m: max((p["length"] for p in points if p["mode"] == m and p["complies"]), default=0)
             for m in ("baseline", "relay")}
     ratio = best["relay"] / best["baseline"] if best["baseline"] else float("inf") if best["relay"] else float("nan")

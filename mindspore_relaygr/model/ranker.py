@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.errors import InvalidRequest
+from mindspore_relaygr.model.call_stats import GraphCallStats
 from mindspore_relaygr.model.inputs import (
     History,
     TokenBatch,
@@ -80,6 +81,7 @@ class RelayGRModel:
         self._context_action = self.cfg.num_actions
         self._slot_times: dict[int, np.ndarray] = {}  # host mirror: timestamps of each slot's tokens
         self._tensor = ms.Tensor
+        self.call_stats = GraphCallStats()
 
     # ------------------------------------------------------------------ public API
     @property
@@ -136,6 +138,23 @@ class RelayGRModel:
         self._slot_times[slot] = np.concatenate([cached, self._token_times(hist)[start_tok:]])
         return len(hist)
 
+    def prefill_steps(self, slot: int, history: HistoryLike, chunk_len: int) -> Iterator[int]:
+        """Cache `history` in the empty `slot` in chunks of at most `chunk_len` tokens, each an
+        extension of the last (the first takes at least one event besides the user token). Yields the
+        events cached after each chunk: other device work may run in between (a graph call cannot be
+        interrupted, a chunk boundary can)."""
+        hist = validate_history(self.cfg, history, "prefix_history")
+        if chunk_len < 1:
+            raise ValueError(f"chunk_len={chunk_len!r}: must be >= 1")
+        start = 0
+        while start < len(hist):
+            # The first chunk carries the user token: every chunk stays within chunk_len tokens.
+            first = self._user_tokens if start == 0 else 0
+            end = min(len(hist), start + max(1, chunk_len - first))
+            self.prefill(slot, hist.slice(0, end), start=start)
+            start = end
+            yield end
+
     def rank_cached(self, slot: int, prefix_len: int, suffix_history: HistoryLike,
                     candidate_ids: Any) -> np.ndarray:
         """Scores [M, num_tasks] from `slot` (holding `prefix_len` events) + suffix + candidates."""
@@ -173,10 +192,12 @@ class RelayGRModel:
         count = len(times)
         bucket = bucket_for(count, self.prefix_buckets, "slot")
         kv_ids, time_ids = self.layout.read_ids(slot, bucket)
+        t0 = time.perf_counter()
         keys, values, hi, lo = self._graphs["read_slot"](self._tensor(kv_ids), self._tensor(time_ids))
         # The gather copies the bucket; host memory keeps only the valid tokens.
         keys = np.stack([k.asnumpy()[:, :count] for k in keys])
         values = np.stack([v.asnumpy()[:, :count] for v in values])
+        self.call_stats.record("read_slot", [kv_ids.shape, time_ids.shape], (time.perf_counter() - t0) * 1e3)
         return SlotCopy(keys, values, hi.asnumpy()[:count].copy(), lo.asnumpy()[:count].copy(), times.copy())
 
     def import_slot(self, slot: int, copy: SlotCopy) -> None:
@@ -216,6 +237,7 @@ class RelayGRModel:
         if "prefix" in graphs:
             count += self._warm_slot_copies()
         seconds = time.perf_counter() - t0
+        self.call_stats.mark_warm()
         logger.info("warm-up compiled %d graph shapes in %.1f s", count, seconds)
         return {"graphs": count, "seconds": seconds}
 
@@ -241,7 +263,8 @@ class RelayGRModel:
         if kind == "prefix":
             prev = dict(zip(pb, [0] + pb[:-1], strict=True))
             # (0, chunk) starts a slot; (past, chunk) extends one if both can hold >= 1 new token.
-            return [(0, c) for c in pb] + [(p, c) for p in pb[:-1] for c in pb
+            # The largest past bucket counts too: a chunk starting at 3584 tokens reads a 4096 past.
+            return [(0, c) for c in pb] + [(p, c) for p in pb for c in pb
                                            if prev[p] + 1 + prev[c] + 1 <= self.layout.slot_len]
         if kind == "candidate":
             return [(p, s, m) for p in pb for s in cfg.suffix_buckets for m in cfg.candidate_buckets]
@@ -278,8 +301,10 @@ class RelayGRModel:
         return True
 
     def _call(self, kind: str, *arrays: np.ndarray) -> np.ndarray:
-        out = self._graphs[kind](*(self._tensor(a) for a in arrays))
-        return out.asnumpy()
+        t0 = time.perf_counter()
+        out = self._graphs[kind](*(self._tensor(a) for a in arrays)).asnumpy()
+        self.call_stats.record(kind, [a.shape for a in arrays], (time.perf_counter() - t0) * 1e3)
+        return out
 
     def _token_times(self, hist: History) -> np.ndarray:
         head = hist.timestamps[:1] if len(hist) else np.zeros(1, np.int64)

@@ -13,16 +13,25 @@ from mindspore_relaygr.relay.latency import LatencyModel
 
 def calibration_shapes(model: Any, prefill_chunk_len: int) -> dict[str, list[tuple[int, ...]]]:
     """Every bucket the engine can hit: full (tokens, candidates), relay (prefix, suffix, candidates),
-    prefill (tokens) up to one chunk. Token counts are bucket sizes (the graphs cost the same below)."""
+    and prefill (tokens) as the engine runs it: chunked, measured at every chunk boundary, since
+    a later chunk attends to everything before it and costs more than the first.
+    Token counts are bucket sizes (the graphs cost the same below)."""
     cfg = model.cfg
     user = 1 if cfg.user_feature_sizes else 0
     prefix = model.prefix_buckets
+    single_chunk = [p for p in prefix if p < prefill_chunk_len]
+    boundaries = list(range(prefill_chunk_len, prefix[-1], prefill_chunk_len)) + [prefix[-1]]
     return {
         "full": [(n, m) for n in cfg.len_buckets for m in cfg.candidate_buckets],
         "relay": [(p, s, m) for p in prefix for s in cfg.suffix_buckets for m in cfg.candidate_buckets
                   if p - user + s + user <= cfg.max_seq_len],
-        "prefill": [(p,) for p in prefix if p <= max(prefill_chunk_len, prefix[0])],
+        "prefill": [(n,) for n in sorted(set(single_chunk + boundaries))],
     }
+
+
+def _drain(steps) -> None:
+    for _ in steps:
+        pass
 
 
 def calibrate_latency(model: Any, prefill_chunk_len: int, repeats: int = 3, slot: int = 0) -> LatencyModel:
@@ -36,13 +45,16 @@ def calibrate_latency(model: Any, prefill_chunk_len: int, repeats: int = 3, slot
             args = (model.rank_full, synthetic_history(model.cfg, n - user, seed=n - user), cands[:m])
         elif kind == "prefill":
             (n,) = shape
-            args = (model.prefill, slot, synthetic_history(model.cfg, n - user, seed=n - user))
+            model.release_slot(slot)
+            args = (_drain, model.prefill_steps(slot, synthetic_history(model.cfg, n - user, seed=n - user),
+                                                prefill_chunk_len))
         else:
             p, s, m = shape
             hist = synthetic_history(model.cfg, p - user + s, seed=p - user + s)
             pre = {k: (v if k == "user_features" else v[: p - user]) for k, v in hist.items()}
             if model.slot_events(slot) != p - user:
-                model.prefill(slot, pre)
+                model.release_slot(slot)
+                _drain(model.prefill_steps(slot, pre, prefill_chunk_len))  # the engine's (warmed) graphs
             suffix = {k: v[p - user:] for k, v in hist.items() if k != "user_features"}
             args = (model.rank_cached, slot, p - user, suffix, cands[:m])
         fn, *rest = args

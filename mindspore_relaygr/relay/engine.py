@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,19 @@ def engine_chunk_bucket(model: Any, config: RelayGRConfig) -> int:
     return bucket_for(min(chunk, model.prefix_buckets[-1]), model.prefix_buckets, "chunk")
 
 
+@dataclass
+class _InflightPrefill:
+    """An admitted prefill not finished yet, with the predicted cost of each chunk and its progress."""
+
+    key: CacheKey
+    future: Future
+    chunk_ms: list[float]
+    chunks_done: int = 0
+
+    def remaining_ms(self) -> float:
+        return sum(self.chunk_ms[self.chunks_done:])
+
+
 class RelayEngine:
     """Pre-infer and rank for one model instance; thread-safe for any number of callers."""
 
@@ -62,7 +76,7 @@ class RelayEngine:
         self.cache.on_evicted = self._on_evicted
         self.trigger = SequenceAwareTrigger(cfg.trigger, latency, model.layout.slot_bytes, model.num_slots)
         self._lock = threading.Lock()
-        self._pending: dict[str, tuple[CacheKey, Future]] = {}  # user -> admitted prefill not finished
+        self._pending: dict[str, _InflightPrefill] = {}  # user -> admitted prefill not finished
         self._unconsumed: dict[str, CacheKey] = {}  # user -> relayed prefix not yet used by a rank
         self._queued_rank_ms = 0.0
         self.counters: Counter[str] = Counter()
@@ -108,39 +122,38 @@ class RelayEngine:
         usable = found is not None and len(hist) - found.prefix_len <= self._max_uncached_events
         with self._lock:
             pending = self._pending.get(user_id)
-            inflight = (pending is not None and (pending[0] == key or (usable and pending[0] == found))) or (
+            inflight = (pending is not None and (pending.key == key or (usable and pending.key == found))) or (
                 tier == "inflight" and usable)
             cached = tier in ("device", "dram") and usable
             num_candidates = num_candidates or self.config.model.max_candidates
             decision = self.trigger.decide(len(hist) + self._user_tokens, num_candidates, cached, inflight)
             if decision.reason == "already_cached" and tier == "dram" and self.config.expander.enable_prefetch:
                 # Reload now, in the background: at rank time the copy would sit on the rank's path.
-                self.executor.submit(lambda: self._promote(user_id, hist), PREFILL)
+                self.executor.submit(lambda: self._promote(user_id, hist), PREFILL, label="dram_prefetch")
             if decision.admitted:
-                future = self.executor.submit_steps(self._prefill_steps(user_id, hist, key), PREFILL)
-                self._pending[user_id] = (key, future)
-                future.add_done_callback(lambda f, u=user_id, k=key: self._prefill_done(u, k, f))
+                chunk_ms = self.latency.predict_prefill_chunks_ms(len(hist) + self._user_tokens,
+                                                                  self.config.trigger.prefill_chunk_len)
+                record = _InflightPrefill(key, Future(), chunk_ms)
+                record.future = self.executor.submit_steps(self._prefill_steps(user_id, hist, record), PREFILL,
+                                                           label="prefill_chunk")
+                self._pending[user_id] = record
+                record.future.add_done_callback(lambda f, u=user_id, k=key: self._prefill_done(u, k, f))
         short_key = key.prefix_hash[:16] if decision.admitted else None
         return self._count_preinfer(PreinferResult(decision.admitted, decision.reason, short_key,
                                                    decision.predicted_full_ms))
 
-    def _prefill_steps(self, user_id: str, hist: History, key: CacheKey):
+    def _prefill_steps(self, user_id: str, hist: History, record: _InflightPrefill):
         """Device thread: reserve a slot and prefill in chunks, yielding between chunks."""
         lease = self.cache.reserve(user_id, hist)
         if lease is None:
             self.trigger.on_dropped(ready=False)
             self.counters["prefill_no_slot"] += 1
             return False
-        chunk = self.config.trigger.prefill_chunk_len
         try:
-            start = 0
-            while start < len(hist):
-                # The first chunk carries the user token: keep every chunk within chunk_len tokens.
-                end = min(len(hist), start + chunk - (self._user_tokens if start == 0 else 0))
-                self.model.prefill(lease.slot, hist.slice(0, end), start=start)
+            for cached in self.model.prefill_steps(lease.slot, hist, self.config.trigger.prefill_chunk_len):
                 self.counters["prefill_chunks"] += 1
-                start = end
-                if start < len(hist):
+                record.chunks_done += 1
+                if cached < len(hist):
                     yield
         except BaseException:
             self.cache.abort(lease)
@@ -149,7 +162,7 @@ class RelayEngine:
         self.cache.commit(lease)
         self.trigger.on_ready()
         with self._lock:
-            self._unconsumed[user_id] = key
+            self._unconsumed[user_id] = record.key
         self.counters["prefills"] += 1
         return True
 
@@ -160,7 +173,8 @@ class RelayEngine:
 
     def _prefill_done(self, user_id: str, key: CacheKey, future: Future) -> None:
         with self._lock:
-            if self._pending.get(user_id, (None,))[0] == key:
+            pending = self._pending.get(user_id)
+            if pending is not None and pending.key == key:
                 del self._pending[user_id]
         if future.exception() is not None:
             logger.error("prefill for %s failed: %s", user_id, future.exception())
@@ -175,7 +189,7 @@ class RelayEngine:
         wait_ms, waited = 0.0, False
         predicted = self._predicted_rank_ms(hist, cands)
         if self.config.relay.enabled:
-            wait_ms, waited = self._wait_for_inflight(user_id, hist, predicted)
+            wait_ms, waited = self._wait_for_inflight(user_id, hist, self._predicted_miss_ms(hist, cands))
         self._check_overload(predicted)
         submitted = time.perf_counter()
         with self._lock:
@@ -191,22 +205,32 @@ class RelayEngine:
             timing["compute"] = (time.perf_counter() - start) * 1e3
             return out
 
-        scores, tier, truncated = self.executor.submit(on_device, RANK).result()
+        scores, tier, truncated = self.executor.submit(on_device, RANK, label="rank").result()
         timing.update(wait=wait_ms, total=(time.perf_counter() - t0) * 1e3)
         self.counters[f"rank_{tier}"] += 1
         self.counters["truncations"] += int(truncated)
         return RankResult(scores, self._ranking(scores, top_k), tier, truncated, timing)
 
-    def _wait_for_inflight(self, user_id: str, hist: History, full_ms: float) -> tuple[float, bool]:
-        """Wait for this key's running prefill: up to relay.inflight_wait_ms, or up to the predicted
-        full-path latency if that is longer (recomputing would not finish sooner than the prefill)."""
+    def _wait_for_inflight(self, user_id: str, hist: History, miss_ms: float) -> tuple[float, bool]:
+        """Wait for this key's running prefill when it should finish before a miss would.
+
+        If its predicted remaining chunks cost less than the miss path, the prefill is boosted to rank
+        priority and waited for up to max(relay.inflight_wait_ms, remaining + miss): a stalled prefill
+        costs at most one miss's worth of extra waiting. Otherwise it is waited for up to
+        relay.inflight_wait_ms only (recomputing is predicted to be faster)."""
         with self._lock:
             pending = self._pending.get(user_id)
-        if pending is None or not self.cache.matches(pending[0], hist):
+        if pending is None or not self.cache.matches(pending.key, hist):
             return 0.0, False
+        patience = self.config.relay.inflight_wait_ms
+        remaining = pending.remaining_ms()
+        if remaining <= miss_ms:
+            self.executor.boost(pending.future)
+            self.counters["inflight_boosts"] += 1
+            patience = max(patience, remaining + miss_ms)
         t0 = time.perf_counter()
         try:
-            pending[1].result(timeout=max(self.config.relay.inflight_wait_ms, full_ms) / 1e3)
+            pending.future.result(timeout=patience / 1e3)
         except FutureTimeout:
             self.counters["inflight_wait_timeouts"] += 1
         except Exception:  # noqa: BLE001 - the prefill failed: rank without it
@@ -228,12 +252,21 @@ class RelayEngine:
         return scores, ("inflight" if waited and hit.tier == "device" else hit.tier), False
 
     def _rank_miss(self, hist: History, cands: np.ndarray):
+        return self._rank_truncated(hist, cands, self._miss_events(hist, cands), "miss")
+
+    def _miss_events(self, hist: History, cands: np.ndarray) -> int:
+        """Most recent events a miss ranks on: all of them, or the production cap under the truncate
+        policy when the full path is predicted to blow the SLO."""
         relay = self.config.relay
         capacity = self.config.model.max_seq_len - self._user_tokens
         predicted = self.latency.predict_full_ms(len(hist) + self._user_tokens, len(cands))
         if relay.miss_policy == "truncate" and predicted > self.config.trigger.slo_ms:
-            return self._rank_truncated(hist, cands, min(relay.max_online_len, capacity), "miss")
-        return self._rank_truncated(hist, cands, capacity, "miss")
+            return min(relay.max_online_len, capacity)
+        return capacity
+
+    def _predicted_miss_ms(self, hist: History, cands: np.ndarray) -> float:
+        events = min(len(hist), self._miss_events(hist, cands))
+        return self.latency.predict_full_ms(events + self._user_tokens, len(cands))
 
     def _rank_truncated(self, hist: History, cands: np.ndarray, max_events: int, tier: str):
         truncated = len(hist) > max_events
@@ -288,7 +321,7 @@ class RelayEngine:
     def wait_prefills(self, timeout: float | None = None) -> None:
         """Block until every admitted prefill so far has finished (or failed)."""
         with self._lock:
-            futures = [f for _, f in self._pending.values()]
+            futures = [p.future for p in self._pending.values()]
         for future in futures:
             try:
                 future.result(timeout)
@@ -304,6 +337,7 @@ class RelayEngine:
             "ready": self.ready,
             "relay_enabled": self.config.relay.enabled,
             "queue_depth": self.executor.depth(),
+            "device_steps": self.executor.step_stats(),
             "pending_prefills": len(self._pending),
             "counters": dict(self.counters),
             "trigger": {"decisions": self.trigger.counts(), **self.trigger.state()},
@@ -312,7 +346,7 @@ class RelayEngine:
 
     def flush(self) -> None:
         """Drop every cached prefix (device and DRAM); in-flight prefills finish normally."""
-        self.executor.submit(self.cache.flush).result()
+        self.executor.submit(self.cache.flush, label="flush").result()
 
     def close(self) -> None:
         self.ready = False

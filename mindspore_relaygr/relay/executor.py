@@ -2,7 +2,8 @@
 
 Callers on any thread submit work and wait on futures. Ranking work has priority over prefills,
 and a prefill is a sequence of steps (chunks): between two steps the thread runs every waiting
-rank, so a rank waits at most one chunk behind a prefill.
+rank, so a rank waits at most one chunk behind a prefill. A rank that needs a prefill's result
+`boost`s it to rank priority, so other ranks and later prefills no longer run ahead of it.
 """
 
 from __future__ import annotations
@@ -33,23 +34,36 @@ class DeviceExecutor:
         self._seq = itertools.count()
         self._closed = False
         self._busy_since: float | None = None
+        self._steps: dict[str, tuple[int, float]] = {}  # label -> (steps, longest step ms)
+        self._lock = threading.Lock()  # guards _live, _running and task tickets/priorities
+        self._live: dict[Future, _Task] = {}  # submitted, not finished
+        self._running: _Task | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[], Any], priority: int = RANK) -> Future:
+    def submit(self, fn: Callable[[], Any], priority: int = RANK, label: str = "call") -> Future:
         """Run `fn()` on the device thread; its result or exception lands in the future."""
-        return self._put(priority, _Call(fn))
+        return self._put(priority, _Call(fn, label))
 
-    def submit_steps(self, steps: Iterator[Any], priority: int = PREFILL) -> Future:
+    def submit_steps(self, steps: Iterator[Any], priority: int = PREFILL, label: str = "steps") -> Future:
         """Run a generator one step at a time, yielding the thread to higher-priority work in between.
 
         The future gets the generator's return value (StopIteration.value).
         """
-        return self._put(priority, _Steps(steps))
+        return self._put(priority, _Steps(steps, label))
+
+    def step_stats(self) -> dict[str, dict[str, float]]:
+        """Per task label: steps run and the longest single step (ms) since the last reset: what a
+        rank queued behind that kind of work could have waited."""
+        return {label: {"steps": n, "max_ms": worst} for label, (n, worst) in sorted(self._steps.items())}
+
+    def reset_stats(self) -> None:
+        self._steps.clear()
 
     def depth(self) -> int:
         """Tasks waiting (not counting the one running)."""
-        return self._queue.qsize()
+        with self._lock:
+            return len(self._live) - (self._running is not None)
 
     def busy_ms(self) -> float:
         """How long the running task has been running (0 when idle)."""
@@ -61,7 +75,7 @@ class DeviceExecutor:
         if self._closed:
             return
         self._closed = True
-        self._queue.put((99, next(self._seq), None, None))
+        self._queue.put((99, next(self._seq), 0, None, None))
         self._thread.join(timeout)
         if self._thread.is_alive():
             logger.warning("device thread did not stop within %.0f s", timeout)
@@ -70,40 +84,87 @@ class DeviceExecutor:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def boost(self, future: Future, priority: int = RANK) -> bool:
+        """Run the rest of `future`'s task at `priority` (priority inheritance: a rank that waits on a
+        prefill makes that prefill rank work). Its place among tasks of the new priority is its
+        original submission order. False if the task already finished or runs at that priority."""
+        with self._lock:
+            task = self._live.get(future)
+            if task is None or task.priority <= priority:
+                return False
+            task.priority = priority
+            if task is not self._running:
+                self._enqueue(task, future)  # the entry at the old priority goes stale
+        return True
+
     def _put(self, priority: int, task: _Task) -> Future:
         if self._closed:
             raise ExecutorClosed("the device executor is closed")
         future: Future = Future()
-        self._queue.put((priority, next(self._seq), task, future))
+        task.priority, task.seq = priority, next(self._seq)
+        with self._lock:
+            self._live[future] = task
+            self._enqueue(task, future)
         return future
+
+    def _enqueue(self, task: _Task, future: Future) -> None:
+        """Queue `task` at its priority; any entry queued for it before is stale from now on."""
+        task.ticket += 1
+        self._queue.put((task.priority, task.seq, task.ticket, task, future))
+
+    def _next(self) -> tuple[_Task | None, Future | None]:
+        while True:
+            _, _, ticket, task, future = self._queue.get()
+            if task is None:
+                return None, None
+            with self._lock:
+                if ticket != task.ticket:
+                    continue  # superseded by a boost
+                self._running = task
+            if task.started or future.set_running_or_notify_cancel():
+                task.started = True
+                return task, future
+            self._finish(future)  # cancelled before it started
+
+    def _finish(self, future: Future) -> None:
+        with self._lock:
+            self._live.pop(future, None)
+            self._running = None
 
     def _run(self) -> None:
         while True:
-            priority, seq, task, future = self._queue.get()
+            task, future = self._next()
             if task is None:
                 break
-            if not isinstance(task, _Resumed) and not future.set_running_or_notify_cancel():
-                continue  # cancelled before it started
-            self._busy_since = time.perf_counter()
+            self._busy_since = start = time.perf_counter()
             try:
                 done, value = task.step()
             except BaseException as exc:  # noqa: BLE001 - delivered to the waiting caller
+                self._finish(future)
                 future.set_exception(exc)
                 continue
             finally:
                 self._busy_since = None
+                self._count_step(task.label, (time.perf_counter() - start) * 1e3)
             if done:
+                self._finish(future)
                 future.set_result(value)
             else:
-                # Same priority and original sequence number: it stays ahead of later prefills,
-                # but every rank queued meanwhile runs first.
-                self._queue.put((priority, seq, _Resumed(task), future))
+                # Original sequence number: it stays ahead of later work of its priority, but every
+                # rank queued meanwhile runs first (unless the task was boosted to rank priority).
+                with self._lock:
+                    self._running = None
+                    self._enqueue(task, future)
         self._drain()
+
+    def _count_step(self, label: str, ms: float) -> None:
+        steps, worst = self._steps.get(label, (0, 0.0))
+        self._steps[label] = (steps + 1, max(worst, ms))
 
     def _drain(self) -> None:
         while True:
             try:
-                _, _, task, future = self._queue.get_nowait()
+                _, _, _, task, future = self._queue.get_nowait()
             except queue.Empty:
                 return
             if future is not None and not future.done():
@@ -111,12 +172,21 @@ class DeviceExecutor:
 
 
 class _Task:
+    """A unit of device work. `ticket` names its one valid queue entry (a boost re-queues it)."""
+
+    label = "task"
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.priority, self.seq, self.ticket, self.started = PREFILL, 0, 0, False
+
     def step(self) -> tuple[bool, Any]:
         raise NotImplementedError
 
 
 class _Call(_Task):
-    def __init__(self, fn: Callable[[], Any]) -> None:
+    def __init__(self, fn: Callable[[], Any], label: str) -> None:
+        super().__init__(label)
         self.fn = fn
 
     def step(self) -> tuple[bool, Any]:
@@ -124,7 +194,8 @@ class _Call(_Task):
 
 
 class _Steps(_Task):
-    def __init__(self, steps: Iterator[Any]) -> None:
+    def __init__(self, steps: Iterator[Any], label: str) -> None:
+        super().__init__(label)
         self.steps = steps
 
     def step(self) -> tuple[bool, Any]:
@@ -133,13 +204,3 @@ class _Steps(_Task):
         except StopIteration as stop:
             return True, stop.value
         return False, None
-
-
-class _Resumed(_Task):
-    """A re-queued step task (a distinct object so a cancelled future is not re-checked)."""
-
-    def __init__(self, inner: _Task) -> None:
-        self.inner = inner
-
-    def step(self) -> tuple[bool, Any]:
-        return self.inner.step()

@@ -86,6 +86,22 @@ def test_extension_in_chunks_equals_one_shot(tiny_model, bounds):
                                tiny_model.rank_cached(0, 100, split_history(hist, 100)[1], cands), rtol=0, atol=TOL)
 
 
+@pytest.mark.parametrize("chunk_len", [1, 7, 32, 101, 500])
+def test_prefill_steps_yield_each_chunk_and_equal_one_shot(tiny_model, chunk_len):
+    rng = np.random.default_rng(chunk_len)
+    hist = random_history(rng, 100, user_features=USER)
+    tiny_model.prefill(0, hist)
+    tiny_model.release_slot(1)
+    ends = list(tiny_model.prefill_steps(1, hist, chunk_len))
+    # the first chunk also holds the user token; each chunk is at most chunk_len tokens
+    want = list(range(max(1, chunk_len - 1), 100, chunk_len)) + [100]
+    assert ends == want and tiny_model.slot_events(1) == 100
+    for a, b in zip(_slot_rows(tiny_model, 0, 101), _slot_rows(tiny_model, 1, 101), strict=True):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="chunk_len"):
+        next(tiny_model.prefill_steps(1, hist, 0))
+
+
 def test_prefix_cache_does_not_depend_on_what_follows(tiny_model):
     rng = np.random.default_rng(7)
     hist = random_history(rng, 90, user_features=USER)

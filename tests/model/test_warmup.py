@@ -18,3 +18,19 @@ def test_prefix_warmup_covers_slot_copies_and_leaves_slot_zero_free():
     assert report["graphs"] == len(model.graph_shapes("prefix")) + 2 * len(model.prefix_buckets)
     with pytest.raises(ValueError, match="holds nothing"):
         model.export_slot(0)
+
+
+def test_prefix_warmup_covers_every_chunk_of_a_chunked_prefill_up_to_the_slot():
+    """A chunk near the end of the slot reads the largest past bucket: it must be warmed up too
+    (it once was not, and compiled for 1.4 s on the first long prefill under load)."""
+    from mindspore_relaygr.model import RelayGRModel
+    from mindspore_relaygr.model.inputs import synthetic_history
+
+    model = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=2"]))
+    model.warmup(graphs=("prefix",), max_chunk=32)
+    capacity = model.layout.slot_len - 1  # events besides the user token
+    for chunk in (32, 24):
+        model.release_slot(1)
+        ends = list(model.prefill_steps(1, synthetic_history(model.cfg, capacity, seed=chunk), chunk))
+        assert ends[-1] == capacity
+    assert model.call_stats.cold_calls == []

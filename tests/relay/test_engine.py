@@ -20,9 +20,9 @@ TOL = 1e-5
 BASE = ["relay.warmup=false", "trigger.slo_ms=50", "trigger.prefill_chunk_len=32", "cache.num_slots=4"]
 
 
-def latency(full_ms: float) -> LatencyModel:
+def latency(full_ms: float, prefill_ms: float = 20.0) -> LatencyModel:
     return LatencyModel([LatencyPoint("full", 128, 32, 0, full_ms), LatencyPoint("relay", 128, 16, 32, 5.0),
-                         LatencyPoint("prefill", 128, 0, 0, 20.0)])
+                         LatencyPoint("prefill", 128, 0, 0, prefill_ms)])
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,9 @@ def model():
 def make_engine(model):
     engines = []
 
-    def make(*overrides, full_ms=200.0):
-        eng = RelayEngine(load_config(CONFIGS / "tiny.yaml", [*BASE, *overrides]), model, latency(full_ms))
+    def make(*overrides, full_ms=200.0, prefill_ms=20.0):
+        eng = RelayEngine(load_config(CONFIGS / "tiny.yaml", [*BASE, *overrides]), model,
+                          latency(full_ms, prefill_ms))
         engines.append(eng)
         return eng
 
@@ -93,6 +94,42 @@ def test_rank_during_the_prefill_waits_for_it_and_only_one_prefill_runs(make_eng
     assert res.cache == "inflight" and res.timings_ms["wait"] > 0
     np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
     assert eng.counters["prefills"] == 1 and len(calls) == 4
+
+
+def test_a_waiting_rank_boosts_its_prefill_ahead_of_an_earlier_users_prefill(make_engine, model):
+    eng = make_engine("relay.inflight_wait_ms=0")  # patience comes from the predicted remaining chunks
+    finished = {}
+    gate = threading.Event()
+    eng.executor.submit(lambda: gate.wait(10))
+    ha, hb, cands = hist(21, 120), hist(22, 120), np.arange(1, 11)
+    assert eng.preinfer("a", ha).admitted and eng.preinfer("b", hb).admitted
+    for user in ("a", "b"):
+        eng._pending[user].future.add_done_callback(lambda f, u=user: finished.setdefault(u, time.perf_counter()))
+    with ThreadPoolExecutor(1) as pool:
+        ranked = pool.submit(eng.rank, "b", hb, cands)
+        time.sleep(0.2)  # the rank is waiting on b's queued prefill
+        gate.set()
+        res = ranked.result(60)
+    eng.wait_prefills(60)
+    assert res.cache == "inflight" and eng.counters["inflight_boosts"] == 1
+    assert finished["b"] < finished["a"]  # b's prefill ran first although a's was admitted first
+    np.testing.assert_allclose(res.scores, expected(model, eng, hb, cands), atol=TOL, rtol=0)
+
+
+def test_a_prefill_predicted_slower_than_a_miss_is_waited_for_only_inflight_wait_ms(make_engine, model):
+    eng = make_engine("relay.inflight_wait_ms=50", prefill_ms=5000.0)
+    gate = threading.Event()
+    eng.executor.submit(lambda: gate.wait(10))
+    h, cands = hist(23, 120), np.arange(1, 11)
+    assert eng.preinfer("c", h).admitted
+    with ThreadPoolExecutor(1) as pool:
+        ranked = pool.submit(eng.rank, "c", h, cands)
+        time.sleep(0.3)  # well past the 50 ms patience
+        gate.set()
+        res = ranked.result(60)
+    assert res.cache == "miss" and res.timings_ms["wait"] > 0  # waited, then gave up: not served from it
+    assert eng.counters["inflight_wait_timeouts"] == 1 and "inflight_boosts" not in eng.counters
+    np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
 
 
 def test_rank_without_preinfer_falls_back_to_full_inference(make_engine, model):

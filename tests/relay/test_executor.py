@@ -77,3 +77,78 @@ def test_close_fails_queued_work_and_refuses_new_work():
     with pytest.raises(ExecutorClosed):
         ex.submit(lambda: 1)
     assert not ex.alive
+
+
+def _job(order, name, steps=3):
+    for i in range(steps):
+        order.append(f"{name}{i}")
+        yield
+    return name
+
+
+def test_boost_moves_a_queued_prefill_ahead_of_earlier_prefills_and_later_ranks():
+    ex = DeviceExecutor()
+    block, running, order = threading.Event(), threading.Event(), []
+    ex.submit(lambda: running.set() or block.wait(5))
+    running.wait(5)
+    a, b = ex.submit_steps(_job(order, "a")), ex.submit_steps(_job(order, "b"))
+    rank = ex.submit(lambda: order.append("rank"), RANK)
+    assert ex.boost(b) is True
+    assert ex.depth() == 3  # the stale entry of b is not counted
+    block.set()
+    assert (a.result(5), b.result(5), rank.result(5)) == ("a", "b", None)
+    # b keeps its submission order (before the rank) at rank priority; a is still a prefill
+    assert order == ["b0", "b1", "b2", "rank", "a0", "a1", "a2"]
+    ex.close()
+
+
+def test_boost_of_a_running_prefill_keeps_later_ranks_behind_its_remaining_steps():
+    ex = DeviceExecutor()
+    order, started, go = [], threading.Event(), threading.Event()
+
+    def prefill():
+        for i in range(3):
+            if i == 0:
+                started.set()
+                go.wait(5)
+            order.append(f"p{i}")
+            yield
+        return "done"
+
+    pre = ex.submit_steps(prefill())
+    started.wait(5)
+    rank = ex.submit(lambda: order.append("rank"), RANK)
+    assert ex.boost(pre) is True
+    go.set()
+    assert pre.result(5) == "done" and rank.result(5) is None
+    assert order == ["p0", "p1", "p2", "rank"]
+    assert ex.boost(pre) is False  # finished
+    ex.close()
+
+
+def test_boost_is_refused_for_rank_work_and_unknown_futures():
+    ex = DeviceExecutor()
+    block = threading.Event()
+    ex.submit(lambda: block.wait(5))
+    queued_rank = ex.submit(lambda: 1, RANK)
+    assert ex.boost(queued_rank) is False
+    from concurrent.futures import Future
+
+    assert ex.boost(Future()) is False
+    block.set()
+    assert queued_rank.result(5) == 1
+    ex.close()
+
+
+def test_step_stats_count_steps_per_label_and_keep_the_longest():
+    ex = DeviceExecutor()
+    ex.submit(lambda: time.sleep(0.03), label="slow").result(5)
+    ex.submit(lambda: None, label="fast").result(5)
+    ex.submit_steps(_job([], "x", steps=2), label="prefill").result(5)
+    stats = ex.step_stats()
+    assert stats["slow"]["steps"] == 1 and stats["slow"]["max_ms"] >= 30
+    assert stats["prefill"]["steps"] == 3  # two yields and the final step that returns
+    assert stats["fast"]["max_ms"] < stats["slow"]["max_ms"]
+    ex.reset_stats()
+    assert ex.step_stats() == {}
+    ex.close()

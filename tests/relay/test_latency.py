@@ -251,3 +251,19 @@ def test_calibrate_takes_the_median_of_repeats():
 def test_calibrate_rejects_bad_shapes(shapes, repeats, match):
     with pytest.raises(ValueError, match=match):
         LatencyModel.calibrate(lambda kind, shape: 1.0, shapes, repeats=repeats)
+
+
+def test_calibration_measures_prefill_at_every_chunk_boundary():
+    from types import SimpleNamespace
+
+    from mindspore_relaygr.relay.calibrate import calibration_shapes
+
+    cfg = SimpleNamespace(user_feature_sizes=[], len_buckets=[512, 1024, 1536, 2048, 3072, 4096], suffix_buckets=[32],
+                          candidate_buckets=[128], max_seq_len=4096)
+    model = SimpleNamespace(cfg=cfg, prefix_buckets=cfg.len_buckets)
+    shapes = calibration_shapes(model, prefill_chunk_len=512)
+    # later chunks attend to the whole prefix before them: each boundary is measured, not extrapolated
+    assert shapes["prefill"] == [(n,) for n in range(512, 4097, 512)]
+    assert calibration_shapes(model, prefill_chunk_len=1000)["prefill"] == [
+        (512,), (1000,), (2000,), (3000,), (4000,), (4096,)]
+    assert shapes["full"] == [(n, 128) for n in cfg.len_buckets]
