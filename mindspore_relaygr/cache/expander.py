@@ -148,6 +148,12 @@ class DRAMExpander:
                 del self._flights[key]
             flight.done.set()
 
+    def record_reload(self, nbytes: int) -> None:
+        """Count a copy back to the device made without `reload` (a stepped promotion)."""
+        with self._lock:
+            self._counters.reloads += 1
+            self._counters.bytes_copied += nbytes
+
     def worth_reloading(self, nbytes: int, copy_bytes_per_s: float, predicted_prefill_ms: float) -> bool:
         """True if copying `nbytes` back is faster than recomputing the prefix (else counts a skip)."""
         if not copy_bytes_per_s > 0:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,6 +40,7 @@ class SlotStore(Protocol):
     def rank_cached(self, slot: int, prefix_len: int, suffix_history: History, candidate_ids: Any) -> np.ndarray: ...
     def export_slot(self, slot: int) -> Any: ...
     def import_slot(self, slot: int, copy: Any) -> None: ...
+    def import_slot_steps(self, slot: int, copy: Any) -> Iterator[Any]: ...
     def release_slot(self, slot: int) -> None: ...
 
 
@@ -155,13 +156,32 @@ class RelayCache:
     def promote(self, user_id: str, history: History) -> bool:
         """Reload the user's DRAM copy of a prefix of `history` into a device slot ahead of the
         rank (no lookup is counted); False if it is not (only) in DRAM or the reload was skipped."""
+        steps = self.promote_steps(user_id, history)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as stop:
+                return stop.value
+
+    def promote_steps(self, user_id: str, history: History) -> Generator[Any, None, bool]:
+        """`promote` as steps of the store's copy (one graph call each). Meanwhile the slot is
+        reserved, so the prefix reads as in flight and nobody else reloads or uses it."""
         tier, key = self.locate(user_id, history)
         if tier != "dram":
             return False
-        hit = self._reload(key)
-        if hit is None:
+        payload = self.expander.get(key)
+        if payload is None or not self.reload_is_cheaper(payload.nbytes, key.prefix_len):
             return False
-        self.release(hit)
+        lease = self.manager.allocate(key)
+        if lease is None:
+            return False  # every slot is pinned or reserved
+        try:
+            yield from self.store.import_slot_steps(lease.slot, payload)
+        except BaseException:
+            self.abort(lease)
+            raise
+        self.manager.mark_ready(key)
+        self.expander.record_reload(payload.nbytes)
         self.promotions += 1
         return True
 

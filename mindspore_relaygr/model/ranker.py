@@ -202,17 +202,28 @@ class RelayGRModel:
 
     def import_slot(self, slot: int, copy: SlotCopy) -> None:
         """Write a host copy made by `export_slot` into `slot` (any slot, not only the original)."""
+        for _ in self.import_slot_steps(slot, copy):
+            pass
+
+    def import_slot_steps(self, slot: int, copy: SlotCopy) -> Iterator[int]:
+        """`import_slot` one layer per step (yields the layers written so far, between layers): a
+        reload of a long prefix is several graph calls, so other device work can run between them."""
         self.layout.check_slot(slot)
         lay, count = self.layout, copy.num_tokens
         if copy.keys.shape != (lay.num_layers, lay.num_heads, count, lay.d_qk):
             raise ValueError(f"slot copy keys of shape {copy.keys.shape} do not fit this pool")
         bucket = bucket_for(count, self.prefix_buckets, "slot copy")
-        pad = ((0, 0), (0, 0), (0, bucket - count), (0, 0))
+        pad = ((0, 0), (0, bucket - count), (0, 0))
         kv_ids, time_ids = lay.write_ids(slot, 0, count, bucket)
-        keys = np.pad(copy.keys, pad).reshape(-1, lay.d_qk)
-        values = np.pad(copy.values, pad).reshape(-1, lay.d_v)
+        kv_ids = kv_ids.reshape(lay.num_layers, -1)
         hi, lo = np.pad(copy.time_hi, (0, bucket - count)), np.pad(copy.time_lo, (0, bucket - count))
-        self._call("write_slot", kv_ids, time_ids, keys, values, hi, lo)
+        self._slot_times.pop(slot, None)  # holds nothing usable until the last layer is written
+        for layer in range(lay.num_layers):
+            keys = np.pad(copy.keys[layer], pad).reshape(-1, lay.d_qk)
+            values = np.pad(copy.values[layer], pad).reshape(-1, lay.d_v)
+            self._call("write_slot", kv_ids[layer], time_ids, keys, values, hi, lo)
+            if layer < lay.num_layers - 1:
+                yield layer + 1
         self._slot_times[slot] = copy.timestamps.copy()
 
     def release_slot(self, slot: int) -> None:

@@ -56,6 +56,18 @@ class _InflightPrefill:
         return sum(self.chunk_ms[self.chunks_done:])
 
 
+def _counting(steps, record: _InflightPrefill):
+    """Run `steps`, counting each step done in `record` (its remaining time shrinks)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            record.chunks_done = len(record.chunk_ms)
+            return stop.value
+        record.chunks_done += 1
+        yield
+
+
 class RelayEngine:
     """Pre-infer and rank for one model instance; thread-safe for any number of callers."""
 
@@ -75,7 +87,7 @@ class RelayEngine:
                                 reload_is_cheaper=self._reload_is_cheaper)
         self.cache.on_evicted = self._on_evicted
         self.trigger = SequenceAwareTrigger(cfg.trigger, latency, model.layout.slot_bytes, model.num_slots)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._pending: dict[str, _InflightPrefill] = {}  # user -> admitted prefill not finished
         self._unconsumed: dict[str, CacheKey] = {}  # user -> relayed prefix not yet used by a rank
         self._queued_rank_ms = 0.0
@@ -129,20 +141,27 @@ class RelayEngine:
             decision = self.trigger.decide(len(hist) + self._user_tokens, num_candidates, cached, inflight)
             if decision.reason == "already_cached" and tier == "dram" and self.config.expander.enable_prefetch:
                 # Reload now, in the background: at rank time the copy would sit on the rank's path.
-                self.executor.submit(lambda: self._promote(user_id, hist), PREFILL, label="dram_prefetch")
+                # Tracked like a prefill, so the user's rank waits for it (boosted) instead of missing.
+                self._start_inflight(user_id, found, self._predicted_copy_ms(found),
+                                     self._promote_steps(user_id, hist), "dram_prefetch")
             if decision.admitted:
                 chunk_ms = self.latency.predict_prefill_chunks_ms(len(hist) + self._user_tokens,
                                                                   self.config.trigger.prefill_chunk_len)
-                record = _InflightPrefill(key, Future(), chunk_ms)
-                record.future = self.executor.submit_steps(self._prefill_steps(user_id, hist, record), PREFILL,
-                                                           label="prefill_chunk")
-                self._pending[user_id] = record
-                record.future.add_done_callback(lambda f, u=user_id, k=key: self._prefill_done(u, k, f))
+                self._start_inflight(user_id, key, chunk_ms, self._prefill_steps(user_id, hist, key),
+                                     "prefill_chunk")
         short_key = key.prefix_hash[:16] if decision.admitted else None
         return self._count_preinfer(PreinferResult(decision.admitted, decision.reason, short_key,
                                                    decision.predicted_full_ms))
 
-    def _prefill_steps(self, user_id: str, hist: History, record: _InflightPrefill):
+    def _start_inflight(self, user_id: str, key: CacheKey, step_ms: list[float], steps, label: str) -> None:
+        """Queue device work that makes `key` ready (lock held); `steps` yields after each step."""
+        record = _InflightPrefill(key, Future(), step_ms)
+        self._pending[user_id] = record
+        record.future = self.executor.submit_steps(_counting(steps, record), PREFILL, label=label)
+        # Runs at once, in this thread, if the work already finished: hence the re-entrant lock.
+        record.future.add_done_callback(lambda f, u=user_id, k=key: self._prefill_done(u, k, f))
+
+    def _prefill_steps(self, user_id: str, hist: History, key: CacheKey):
         """Device thread: reserve a slot and prefill in chunks, yielding between chunks."""
         lease = self.cache.reserve(user_id, hist)
         if lease is None:
@@ -152,7 +171,6 @@ class RelayEngine:
         try:
             for cached in self.model.prefill_steps(lease.slot, hist, self.config.trigger.prefill_chunk_len):
                 self.counters["prefill_chunks"] += 1
-                record.chunks_done += 1
                 if cached < len(hist):
                     yield
         except BaseException:
@@ -162,14 +180,23 @@ class RelayEngine:
         self.cache.commit(lease)
         self.trigger.on_ready()
         with self._lock:
-            self._unconsumed[user_id] = record.key
+            self._unconsumed[user_id] = key
         self.counters["prefills"] += 1
         return True
 
-    def _promote(self, user_id: str, hist: History) -> None:
-        """Device thread: bring the user's DRAM copy back to a slot before their rank arrives."""
-        if self.cache.promote(user_id, hist):
+    def _promote_steps(self, user_id: str, hist: History):
+        """Device thread: bring the user's DRAM copy back to a slot before their rank arrives, one
+        layer per step (a long prefix's copy would otherwise block ranks for longer than a chunk)."""
+        promoted = yield from self.cache.promote_steps(user_id, hist)
+        if promoted:
             self.counters["dram_prefetches"] += 1
+        return promoted
+
+    def _predicted_copy_ms(self, key: CacheKey) -> list[float]:
+        """Predicted cost of each layer's copy of `key`'s DRAM copy back to the device."""
+        layers = self.model.layout.num_layers
+        nbytes = self.model.layout.token_bytes * (key.prefix_len + self._user_tokens)
+        return [nbytes / (self.config.expander.copy_bytes_per_s or 1e9) * 1e3 / layers] * layers
 
     def _prefill_done(self, user_id: str, key: CacheKey, future: Future) -> None:
         with self._lock:

@@ -66,7 +66,14 @@ class FakeStore:
         return FakeCopy(user, tuple(held), nbytes=100 * len(held))
 
     def import_slot(self, slot: int, copy: FakeCopy) -> None:
+        for _ in self.import_slot_steps(slot, copy):
+            pass
+
+    def import_slot_steps(self, slot: int, copy: FakeCopy):
+        """Two steps, like a two-layer model: the slot is whole only after the last."""
         self.calls.append("import")
+        self.slots.pop(slot, None)
+        yield 1
         self.slots[slot] = (copy.user, list(copy.seq))
 
     def release_slot(self, slot: int) -> None:

@@ -111,6 +111,37 @@ def test_promote_reloads_a_dram_copy_ahead_of_the_rank_without_counting_a_lookup
     assert store.calls.count("import") == 1
 
 
+def test_a_stepped_promotion_reads_as_in_flight_until_its_last_step():
+    cache, store, _ = build(num_slots=2)
+    rng = np.random.default_rng(13)
+    a, b, c = make_history(rng, 10), make_history(rng, 12), make_history(rng, 8)
+    for user, h in (("a", a), ("b", b), ("c", c)):
+        cache.prefill(user, h)  # a -> DRAM
+    steps = cache.promote_steps("a", a)
+    assert next(steps) == 1  # first of the fake store's two copy steps
+    assert cache.locate("a", a)[0] == "inflight"
+    assert cache.rank("a", a, [1]) is None  # nobody uses (or reloads) a half-written slot
+    with pytest.raises(StopIteration) as done:
+        next(steps)
+    assert done.value.value is True and cache.promotions == 1
+    assert cache.locate("a", a)[0] == "device" and cache.stats()["dram"]["reloads"] == 1
+    assert store.calls.count("import") == 1
+
+
+def test_a_promotion_that_fails_midway_frees_its_slot_and_keeps_the_dram_copy():
+    cache, store, _ = build(num_slots=1)
+    rng = np.random.default_rng(14)
+    a, b = make_history(rng, 10), make_history(rng, 12)
+    cache.prefill("a", a)
+    cache.prefill("b", b)  # a -> DRAM, b -> DRAM when a takes the slot
+    steps = cache.promote_steps("a", a)
+    next(steps)
+    with pytest.raises(RuntimeError):
+        steps.throw(RuntimeError("copy failed"))
+    assert cache.locate("a", a)[0] == "dram" and cache.promotions == 0
+    assert cache.promote("a", a) and cache.locate("a", a)[0] == "device"
+
+
 @pytest.mark.parametrize(("policy", "used", "spilled"), [("never", True, 0), ("used", False, 0), ("used", True, 1)])
 def test_spill_policy(policy, used, spilled):
     cache, store, _ = build(num_slots=1, spill_policy=policy)

@@ -179,6 +179,29 @@ def test_a_preinfer_that_finds_the_prefix_in_dram_reloads_it_before_the_rank(mak
     np.testing.assert_allclose(res.scores, expected(model, eng, users["p0"], cands), atol=TOL, rtol=0)
 
 
+def test_a_rank_right_after_a_prefetching_preinfer_waits_for_the_copy_instead_of_missing(make_engine, model):
+    eng = make_engine()
+    users = {f"q{i}": hist(60 + i, 60) for i in range(5)}  # one more user than the 4 slots
+    cands = np.arange(1, 11)
+    for user, h in users.items():
+        assert eng.preinfer(user, h, num_candidates=10).admitted
+        eng.wait_prefills(60)
+        eng.rank(user, h, cands)
+    assert eng.cache.locate("q0", validate_history(model.cfg, users["q0"]))[0] == "dram"
+    gate = threading.Event()
+    eng.executor.submit(lambda: gate.wait(10))  # the copy cannot have finished when the rank arrives
+    assert eng.preinfer("q0", users["q0"], num_candidates=10).reason == "already_cached"
+    with ThreadPoolExecutor(1) as pool:
+        ranked = pool.submit(eng.rank, "q0", users["q0"], cands)
+        time.sleep(0.2)
+        gate.set()
+        res = ranked.result(60)
+    assert res.cache == "inflight" and eng.counters["dram_prefetches"] == 1  # waited for the copy
+    assert eng.cache.stats()["dram"]["reloads"] == 1  # copied once, by the prefetch
+    assert eng.executor.step_stats()["dram_prefetch"]["steps"] == model.layout.num_layers  # a layer per step
+    np.testing.assert_allclose(res.scores, expected(model, eng, users["q0"], cands), atol=TOL, rtol=0)
+
+
 def test_truncate_policy_and_baseline_mode(make_engine, model):
     h, cands = hist(4, 120), np.arange(1, 9)
     recent = {k: (v if k == "user_features" else v[-50:]) for k, v in h.items()}
