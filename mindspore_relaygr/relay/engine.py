@@ -216,7 +216,7 @@ class RelayEngine:
         wait_ms, waited = 0.0, False
         predicted = self._predicted_rank_ms(hist, cands)
         if self.config.relay.enabled:
-            wait_ms, waited = self._wait_for_inflight(user_id, hist, self._predicted_miss_ms(hist, cands))
+            wait_ms, waited = self._wait_for_inflight(user_id, hist, cands)
         self._check_overload(predicted)
         submitted = time.perf_counter()
         with self._lock:
@@ -238,7 +238,7 @@ class RelayEngine:
         self.counters["truncations"] += int(truncated)
         return RankResult(scores, self._ranking(scores, top_k), tier, truncated, timing)
 
-    def _wait_for_inflight(self, user_id: str, hist: History, miss_ms: float) -> tuple[float, bool]:
+    def _wait_for_inflight(self, user_id: str, hist: History, cands: np.ndarray) -> tuple[float, bool]:
         """Wait for this key's running prefill when it should finish before a miss would.
 
         If its predicted remaining chunks cost less than the miss path, the prefill is boosted to rank
@@ -250,7 +250,7 @@ class RelayEngine:
         if pending is None or not self.cache.matches(pending.key, hist):
             return 0.0, False
         patience = self.config.relay.inflight_wait_ms
-        remaining = pending.remaining_ms()
+        remaining, miss_ms = pending.remaining_ms(), self._predicted_miss_ms(hist, cands)
         if remaining <= miss_ms:
             self.executor.boost(pending.future)
             self.counters["inflight_boosts"] += 1
