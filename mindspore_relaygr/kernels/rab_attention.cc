@@ -4,14 +4,22 @@
 //           pass (MindSpore would need ~12 elementwise kernels, each a full pass over B x K).
 // BiasSilu: out = SiLU(scores + table[head, index]) with masked pairs set to exactly 0, in one pass
 //           (instead of gather + add + sigmoid + mul).
-// Both follow the reference ops in mindspore_relaygr/model/hstu.py exactly: time buckets are defined
+// PointwiseAttention: out = sum_k SiLU(q k^T + table[head, index]) v * inv_norm, tile by tile, so the
+//           [B, K] score block never leaves the cache (instead of bmm + BiasSilu + bmm through memory).
+//           Q, K and V are read in place through strided views (the token-major projection output, or
+//           a slot of the KV pool), so no head transpose, block slice or pool gather copies them first. The tile GEMMs call
+//           oneDNN's dnnl_sgemm from the libdnnl that MindSpore ships (RelaygrInitGemm finds it).
+// All follow the reference ops in mindspore_relaygr/model/hstu.py exactly: time buckets are defined
 // by thresholds (bucket = number of thresholds <= dt), found here with a fast log estimate plus an
 // exact +-1 correction against the same thresholds. Build with -ffp-contract=off so hi * 65536 + lo is
 // rounded exactly like the reference (no fused multiply-add). Threads are plain std::threads joined
 // before returning: OpenMP's spinning workers would steal the cores MindSpore's own kernels use.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -53,18 +61,27 @@ inline float log_estimate(float x) {
   return e * 0.69314718f + 2.0f * t * (1.0f + t2 * (0.33333333f + t2 * (0.2f + t2 * 0.14285714f)));
 }
 
+// a * b + c: one rounding where the CPU has FMA (explicit, so -ffp-contract=off elsewhere is unaffected).
+inline float mul_add(float a, float b, float c) {
+#ifdef __FMA__
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 // exp(z) for z in [-87, 87] within ~2 ulp; branch-free (round via the 1.5 * 2^23 trick) so loops vectorize.
 inline float exp_clamped(float z) {
   const float k = z * 1.44269504088896341f;
   const float n = (k + 12582912.0f) - 12582912.0f;
-  const float r = (z - n * 0.693359375f) + n * 2.12194440e-4f;
+  const float r = mul_add(n, 2.12194440e-4f, mul_add(-n, 0.693359375f, z));
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  p = mul_add(p, r, 1.3981999507e-3f);
+  p = mul_add(p, r, 8.3334519073e-3f);
+  p = mul_add(p, r, 4.1665795894e-2f);
+  p = mul_add(p, r, 1.6666665459e-1f);
+  p = mul_add(p, r, 5.0000001201e-1f);
+  p = mul_add(p * r, r, r + 1.0f);
   int32_t bits;
   std::memcpy(&bits, &p, sizeof(bits));
   bits += static_cast<int32_t>(n) * (1 << 23);
@@ -115,7 +132,7 @@ struct RabParams {
 };
 
 void rab_index_row(RabQuery q, const int32_t *__restrict k_pos, const float *__restrict k_hi,
-                   const float *__restrict k_lo, const bool *__restrict k_valid, const RabParams &prm,
+                   const float *__restrict k_lo, const uint8_t *__restrict k_valid, const RabParams &prm,
                    int32_t *__restrict out, int64_t cols) {
   const int32_t *__restrict lut = prm.pos_lut;
   const float *__restrict thr = prm.thr;
@@ -128,12 +145,78 @@ void rab_index_row(RabQuery q, const int32_t *__restrict k_pos, const float *__r
     const float dt = std::fabs(hi * 65536.0f + lo);
     int32_t tb = static_cast<int32_t>(log_estimate(1.0f + dt) * scale);
     tb = std::min(std::max(tb, 0), max_tb);
-    tb -= static_cast<int32_t>(dt < thr[tb]);  // exact correction: thresholds define the bucket
-    tb += static_cast<int32_t>(dt >= thr[tb + 1]);
+    // Exact correction (the thresholds define the bucket): the estimate is off by at most one bucket,
+    // and both thresholds are read with the same index so the loop vectorizes (two gathers).
+    const float below = thr[tb], above = thr[tb + 1];
+    tb = tb - static_cast<int32_t>(dt < below) + static_cast<int32_t>(dt >= above);
     const int32_t pb = lut[std::min(std::max(rel, 0), max_rel)];
-    const int32_t visible = static_cast<int32_t>(k_valid[j]) & static_cast<int32_t>(rel >= 0);
+    const int32_t visible = static_cast<int32_t>(k_valid[j] != 0) & static_cast<int32_t>(rel >= 0);
     out[j] = visible * (tb * num_pos + pb) + (1 - visible) * mask;
   }
+}
+
+// Rows of S [rows, cols] (leading dimension ld) in place: s = SiLU(s + t[ix]), masked pairs exactly 0.
+// One pass with no temporaries: the table gather and the SiLU vectorize together. ix_ld == 0 means every
+// row shares one index row (candidates): its bias is gathered once and the rows only add it.
+void bias_silu_tile(float *__restrict s, int64_t ld, const int32_t *__restrict ix, int64_t ix_ld,
+                    const float *__restrict t, int64_t rows, int64_t cols, int32_t mask) {
+  if (ix_ld == 0 && rows > 1) {
+    thread_local std::vector<float> bias, keep;
+    bias.resize(cols);
+    keep.resize(cols);
+    float *__restrict b = bias.data();
+    float *__restrict kp = keep.data();
+    for (int64_t j = 0; j < cols; ++j) {
+      b[j] = t[ix[j]];
+      kp[j] = static_cast<float>(ix[j] != mask);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float *__restrict row = s + r * ld;
+      for (int64_t j = 0; j < cols; ++j) row[j] = kp[j] * silu(row[j] + b[j]);
+    }
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float *__restrict row = s + r * ld;
+    const int32_t *__restrict irow = ix + r * ix_ld;
+    for (int64_t j = 0; j < cols; ++j) {
+      const int32_t k = irow[j];
+      const float y = silu(row[j] + t[k]);
+      row[j] = k != mask ? y : 0.0f;
+    }
+  }
+}
+
+// True when any (row, col) of the tile is visible (not the mask index).
+bool tile_visible(const int32_t *ix, int64_t ix_ld, int64_t rows, int64_t cols, int32_t mask) {
+  for (int64_t r = 0; r < rows; ++r) {
+    int32_t any = 0;
+    const int32_t *irow = ix + r * ix_ld;
+    for (int64_t j = 0; j < cols; ++j) any |= static_cast<int32_t>(irow[j] != mask);
+    if (any) return true;
+  }
+  return false;
+}
+
+using SgemmFn = int (*)(char, char, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
+                        int64_t, float, float *, int64_t);
+std::atomic<SgemmFn> g_sgemm{nullptr};
+
+// Work items are handed out one at a time: causal tiles differ in cost, so a static split would idle a core.
+template <typename F>
+void parallel_items(int64_t items, F fn) {
+  const int64_t hw = static_cast<int64_t>(std::thread::hardware_concurrency());
+  int64_t threads = hw > 0 ? hw : 1;
+  if (std::getenv("RELAYGR_KERNEL_THREADS")) threads = std::atoi(std::getenv("RELAYGR_KERNEL_THREADS"));
+  threads = std::max<int64_t>(1, std::min(threads, items));
+  std::atomic<int64_t> next{0};
+  auto worker = [&]() {
+    for (int64_t i = next.fetch_add(1); i < items; i = next.fetch_add(1)) fn(i);
+  };
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto &th : pool) th.join();
 }
 
 int64_t numel(int ndim, const int64_t *shape) {
@@ -159,7 +242,7 @@ int RabIndex(int nparam, void **params, int *ndims, int64_t **shapes, const char
   const int32_t *k_pos = static_cast<const int32_t *>(params[3]);
   const float *k_hi = static_cast<const float *>(params[4]);
   const float *k_lo = static_cast<const float *>(params[5]);
-  const bool *k_valid = static_cast<const bool *>(params[6]);
+  const uint8_t *k_valid = static_cast<const uint8_t *>(params[6]);  // bool, one byte
   const int32_t *pos_lut = static_cast<const int32_t *>(params[7]);
   const float *thr = static_cast<const float *>(params[8]);
   const float *p = static_cast<const float *>(params[9]);
@@ -209,6 +292,93 @@ int BiasSilu(int nparam, void **params, int *ndims, int64_t **shapes, const char
     for (int64_t hr = r0; hr < r1; ++hr) {
       const int64_t h = hr / rows, r = hr % rows;
       bias_silu_row(scores + hr * cols, idx + r * cols, table + h * table_cols, out + hr * cols, cols, mask);
+    }
+  });
+  return 0;
+}
+
+// Finds dnnl_sgemm in the oneDNN library at `path` (the one MindSpore ships); 1 on success.
+int RelaygrInitGemm(const char *path) {
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) return 0;
+  auto fn = reinterpret_cast<SgemmFn>(dlsym(lib, "dnnl_sgemm"));
+  if (fn == nullptr) return 0;
+  g_sgemm.store(fn);
+  return 1;
+}
+
+// A strided view of one operand: element (head h, row r, column c) is base[h * head_stride + r * row_stride + c].
+struct View {
+  const float *base;
+  int64_t head_stride, row_stride, width;
+};
+
+// at = (offset of head 0 row 0, head stride, row stride, width) in elements; false if rows x heads overrun src.
+bool make_view(const float *src, int64_t src_numel, const int64_t *at, int64_t heads, int64_t rows, View *view) {
+  const int64_t offset = at[0], head_stride = at[1], row_stride = at[2], width = at[3];
+  if (offset < 0 || head_stride < 0 || row_stride < width || width <= 0 || rows <= 0) return false;
+  if (offset + (heads - 1) * head_stride + (rows - 1) * row_stride + width > src_numel) return false;
+  *view = View{src + offset, head_stride, row_stride, width};
+  return true;
+}
+
+// inputs: q f32, q_at[4] i64, k f32, k_at[4] i64, v f32, v_at[4] i64 (views, see make_view: q and k have width
+//         dq, v has width dv; q is scaled by scales[0] inside), idx[Bi, K] i32 (Bi == B, or 1 when every query
+//         shares one row), table[H, T] f32 (last column is the mask entry), scales[2] f32 = (q scale, 1 / N_norm),
+//         like[B, H * dv] (only its shape is read: the number of queries B)
+// output: out[B, H * dv] f32, token-major (head h in columns [h * dv, (h + 1) * dv))
+int PointwiseAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                       void *extra) {
+  const SgemmFn sgemm = g_sgemm.load();
+  if (nparam != 11 || sgemm == nullptr) return 1;
+  const int32_t *idx = static_cast<const int32_t *>(params[6]);
+  const float *table = static_cast<const float *>(params[7]);
+  const float *scales = static_cast<const float *>(params[8]);
+  float *out = static_cast<float *>(params[10]);
+  const int64_t heads = shapes[7][0], table_cols = shapes[7][1];
+  const int64_t rows = shapes[9][0];
+  const int64_t idx_rows = shapes[6][0], keys = shapes[6][1];
+  const int32_t mask = static_cast<int32_t>(table_cols - 1);
+  if (idx_rows != rows && idx_rows != 1) return 3;
+  View qv, kv, vv;
+  if (!make_view(static_cast<const float *>(params[0]), numel(ndims[0], shapes[0]),
+                 static_cast<const int64_t *>(params[1]), heads, rows, &qv) ||
+      !make_view(static_cast<const float *>(params[2]), numel(ndims[2], shapes[2]),
+                 static_cast<const int64_t *>(params[3]), heads, keys, &kv) ||
+      !make_view(static_cast<const float *>(params[4]), numel(ndims[4], shapes[4]),
+                 static_cast<const int64_t *>(params[5]), heads, keys, &vv) ||
+      qv.width != kv.width) {
+    return 2;
+  }
+  const int64_t dq = qv.width, dv = vv.width, out_ld = heads * dv;
+  if (ndims[9] != 2 || shapes[9][1] != out_ld) return 4;
+  const float q_scale = scales[0], inv_norm = scales[1];
+
+  // A 64 x 512 score tile (128 KiB) stays in L2 between the two GEMMs; the fastest of 64-256 x 128-1024 here.
+  // Up to 128 rows (candidates, suffixes) form one tile, so each head streams its keys from memory once.
+  constexpr int64_t kTileK = 512;
+  const int64_t kTileQ = rows <= 128 ? rows : 64;
+  const int64_t q_tiles = (rows + kTileQ - 1) / kTileQ;
+  parallel_items(heads * q_tiles, [&](int64_t item) {
+    thread_local std::vector<float> scores;
+    scores.resize(kTileQ * kTileK);
+    const int64_t h = item / q_tiles, q0 = (item % q_tiles) * kTileQ, qn = std::min(kTileQ, rows - q0);
+    const float *qh = qv.base + h * qv.head_stride + q0 * qv.row_stride;
+    const float *kh = kv.base + h * kv.head_stride;
+    const float *vh = vv.base + h * vv.head_stride;
+    const float *th = table + h * table_cols;
+    float *oh = out + q0 * out_ld + h * dv;
+    for (int64_t r = 0; r < qn; ++r) std::fill(oh + r * out_ld, oh + r * out_ld + dv, 0.0f);
+    const int64_t ix_ld = idx_rows == 1 ? 0 : keys;
+    const int32_t *ix0 = idx + (idx_rows == 1 ? 0 : q0 * keys);
+    for (int64_t k0 = 0; k0 < keys; k0 += kTileK) {
+      const int64_t kn = std::min(kTileK, keys - k0);
+      if (!tile_visible(ix0 + k0, ix_ld, idx_rows == 1 ? 1 : qn, kn, mask)) continue;
+      sgemm('N', 'T', qn, kn, dq, q_scale, qh, qv.row_stride, kh + k0 * kv.row_stride, kv.row_stride, 0.0f,
+            scores.data(), kn);
+      bias_silu_tile(scores.data(), kn, ix0 + k0, ix_ld, th, qn, kn, mask);
+      sgemm('N', 'N', qn, dv, kn, inv_norm, scores.data(), kn, vh + k0 * vv.row_stride, vv.row_stride, 1.0f, oh,
+            out_ld);
     }
   });
   return 0;

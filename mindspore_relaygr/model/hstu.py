@@ -19,6 +19,7 @@ from mindspore_relaygr.model import inputs
 
 TIME_HI_UNIT = float(inputs.TIME_HI_UNIT)
 MASKED_BIAS = -1.0e9  # SiLU(x - 1e9) is exactly 0 in fp32: masked pairs contribute nothing
+PAD_COLUMNS = 16
 
 
 def time_thresholds(num_buckets: int, scale: float) -> np.ndarray:
@@ -68,11 +69,21 @@ class RelativeBias(nn.Cell):
         self.fused_params = Tensor(np.array(params, np.float32))
         self.fused_index_op = None
         self.fused_weights_op = None
+        self.fused_attention_op = None
 
     def enable_fused(self, fused_ops) -> None:
         """Attach the fused CPU kernels (model/kernels.py); graphs built with fused=True use them."""
         self.fused_index_op = fused_ops.rab_index
         self.fused_weights_op = fused_ops.bias_silu
+        self.fused_attention_op = fused_ops.attention
+
+    def reads_views(self, fused: bool) -> bool:
+        """True when attention reads keys in place through (first row, rows per head) views (fused kernel)."""
+        return fused and self.fused_attention_op is not None
+
+    def masked_table(self) -> Tensor:
+        """The bias table with the mask column appended: [h, T + 1]."""
+        return ops.concat((self.table, self.mask_column), axis=1)
 
     def prepare(self, fused: bool, q_meta: tuple, k_meta: tuple) -> Tensor:
         """Per-request bias state of one query block, reused by every layer.
@@ -86,7 +97,7 @@ class RelativeBias(nn.Cell):
     def weights(self, fused: bool, scores: Tensor, prepared: Tensor) -> Tensor:
         """SiLU(scores + rab) for one query block, scores [h, B, K]."""
         if fused:
-            return self.fused_weights_op(scores, prepared, ops.concat((self.table, self.mask_column), axis=1))
+            return self.fused_weights_op(scores, prepared, self.masked_table())
         return ops.silu(scores + prepared)
 
     def index(self, q_pos: Tensor, q_hi: Tensor, q_lo: Tensor, k_pos: Tensor, k_hi: Tensor, k_lo: Tensor,
@@ -115,14 +126,17 @@ class RelativeBias(nn.Cell):
 class HSTULayer(nn.Cell):
     """U, V, Q, K = split(SiLU(W1 x + b1)); y = x + W2(LayerNorm(A V) * U).
 
-    V, Q and K are projected per head with batched matmuls, so they come out head-major
-    ([h, n, d]) without a transpose; U stays token-major for the output gate.
+    W1 is one [d, h * (2 dv + 2 dqk)] matmul over all tokens, giving y [n, W] with columns
+    U | V | Q | K (head g of V at [h dv + g dv, ...)). The fused attention kernel reads Q, K and V
+    from y in place through strided views; the reference ops use head-major copies ([h, n, d]). The
+    parameters stay per head (w_v [h, d, dv], ...), so checkpoints keep their layout; the fused
+    weight is assembled in the graph (it is small).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         h, d = cfg.num_heads, cfg.d_model
-        self.num_heads = h
+        self.num_heads, self.d_v, self.d_qk = h, cfg.d_v, cfg.d_qk
 
         def weight(name: str, shape: tuple[int, ...]) -> Parameter:
             return Parameter(initializer(Normal(0.02), shape, mstype.float32), name=name)
@@ -137,30 +151,83 @@ class HSTULayer(nn.Cell):
         self.norm = nn.LayerNorm((h * cfg.d_v,))
         self.out = nn.Dense(h * cfg.d_v, d, weight_init=Normal(0.02))
         self.q_scale = 1.0 / math.sqrt(cfg.d_qk)
+        hv, hq = h * cfg.d_v, h * cfg.d_qk
+        # y gets PAD_COLUMNS zero columns: a row stride of 2^k floats (4 KiB) would map every row of a
+        # strided K/V tile to the same cache sets and slow the fused kernel down.
+        self.width = 2 * hv + 2 * hq + PAD_COLUMNS
+        self.pad_weight = Tensor(np.zeros((d, PAD_COLUMNS), np.float32))
+        self.pad_bias = Tensor(np.zeros(PAD_COLUMNS, np.float32))
+        # (first column, width per head) of each part of y
+        self.parts = {"u": (0, cfg.d_v), "v": (hv, cfg.d_v), "q": (2 * hv, cfg.d_qk), "k": (2 * hv + hq, cfg.d_qk)}
 
-    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """x [n, d] -> u [n, h*dv], v [h, n, dv], q [h, n, dqk] (pre-scaled), k [h, n, dqk]."""
-        u = ops.silu(self.w_u(x))
-        xb = ops.broadcast_to(ops.expand_dims(x, 0), (self.num_heads,) + x.shape)  # once, not per matmul
-        v = ops.silu(ops.bmm(xb, self.w_v) + self.b_v)
-        q = ops.silu(ops.bmm(xb, self.w_q) + self.b_q) * self.q_scale
-        k = ops.silu(ops.bmm(xb, self.w_k) + self.b_k)
-        return u, v, q, k
+    @staticmethod
+    def _columns(w: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-head weight [h, d, e] and bias [h, 1, e] -> [d, h * e] and [h * e] (column = head * e + j)."""
+        h, d, e = w.shape
+        return ops.reshape(ops.transpose(w, (1, 0, 2)), (d, h * e)), ops.reshape(b, (h * e,))
 
-    def finish(self, x: Tensor, av: Tensor, u: Tensor) -> Tensor:
-        """Residual update from the attention output av [h, n, dv] and the gate u [n, h*dv]."""
-        n = av.shape[1]
-        av_rows = ops.reshape(ops.transpose(av, (1, 0, 2)), (n, -1))
+    def project(self, x: Tensor) -> Tensor:
+        """x [n, d] -> y = SiLU(W1 x + b1) [n, W], columns U | V | Q | K | padding."""
+        wv, bv = self._columns(self.w_v, self.b_v)
+        wq, bq = self._columns(self.w_q, self.b_q)
+        wk, bk = self._columns(self.w_k, self.b_k)
+        w = ops.concat((ops.transpose(self.w_u.weight, (1, 0)), wv, wq, wk, self.pad_weight), axis=1)
+        b = ops.concat((self.w_u.bias, bv, bq, bk, self.pad_bias))
+        return ops.silu(ops.bias_add(ops.matmul(x, w), b))
+
+    def part(self, y: Tensor, name: str) -> Tensor:
+        """Token-major columns of one part of y: [n, h * width]."""
+        first, width = self.parts[name]
+        return take(y, first, first + self.num_heads * width, 1)
+
+    def heads(self, y: Tensor, name: str) -> Tensor:
+        """One part of y head-major: [h, n, width] (Q is not scaled here)."""
+        width = self.parts[name][1]
+        return ops.transpose(ops.reshape(self.part(y, name), (y.shape[0], self.num_heads, width)), (1, 0, 2))
+
+    def view_at(self, name: str, first_row: int = 0) -> Tensor:
+        """The fused kernel's view of one part of y [n, W] from row `first_row`: (offset, head stride,
+        row stride, width) in elements."""
+        first, width = self.parts[name]
+        return Tensor([first_row * self.width + first, width, self.width, width], mstype.int64)
+
+    def self_attention(self, y: Tensor, self_bias: Tensor, inv_norm: float) -> Tensor:
+        """M-FALCON: each candidate also attends to itself: SiLU(q.k * scale + rab(0, 0)) v / N_norm, [M, h*dv]."""
+        m, h = y.shape[0], self.num_heads
+        q = ops.reshape(self.part(y, "q"), (m, h, self.d_qk))
+        k = ops.reshape(self.part(y, "k"), (m, h, self.d_qk))
+        v = ops.reshape(self.part(y, "v"), (m, h, self.d_v))
+        weights = ops.silu(ops.sum(q * k, -1) * self.q_scale + self_bias)  # [M, h]
+        return ops.reshape(ops.expand_dims(weights, -1) * v * inv_norm, (m, h * self.d_v))
+
+    def finish(self, x: Tensor, av_rows: Tensor, u: Tensor) -> Tensor:
+        """Residual update from the attention output av_rows [n, h*dv] (token-major) and the gate u."""
         return x + self.out(self.norm(av_rows) * u)
 
 
 _bmm_nt = ops.BatchMatMul(transpose_b=True)
 
 
-def pointwise_attention(rab: RelativeBias, fused: bool, q: Tensor, k: Tensor, v: Tensor, prepared: Tensor,
-                        inv_norm: float) -> Tensor:
-    """SiLU(q k^T + rab) v / N_norm for one query block: [h,B,dqk] x [h,K,dqk] -> [h,B,dv]."""
-    return ops.bmm(rab.weights(fused, _bmm_nt(q, k), prepared), v) * inv_norm
+def pointwise_attention(rab: RelativeBias, fused: bool, query: tuple, kv: tuple, prepared: Tensor, like: Tensor,
+                        scales: Tensor, inv_norm: float) -> Tensor:
+    """SiLU(q k^T + rab) v / N_norm for one query block -> [B, h*dv], token-major.
+
+    query = (Q, at); kv = (K, K at, V, V at). at = None: the tensor itself, head-major ([h, B, dqk]
+    with Q already scaled, [h, N, d] keys); otherwise an int64 [4] strided view (offset, head stride,
+    row stride, width) that the fused kernel reads in place (Q scaled by scales[0] inside).
+    The number of keys is the width of `prepared` (bias [h, B, K] or bucket indices [B, K]); K/V may
+    hold more rows (the kernel reads the first K, the reference ops slice them). `like` [B, h*dv] gives
+    the kernel its output shape.
+    """
+    q, q_at = query
+    keys, k_at, values, v_at = kv
+    if q_at is not None:
+        return rab.fused_attention_op(q, q_at, keys, k_at, values, v_at, prepared, rab.masked_table(), scales, like)
+    num_keys = prepared.shape[-1]
+    if keys.shape[1] != num_keys:
+        keys, values = take(keys, 0, num_keys, 1), take(values, 0, num_keys, 1)
+    out = ops.bmm(rab.weights(fused, _bmm_nt(q, keys), prepared), values) * inv_norm
+    return ops.reshape(ops.transpose(out, (1, 0, 2)), (out.shape[1], -1))
 
 
 def take(x: Tensor, start: int, stop: int, axis: int = 0) -> Tensor:

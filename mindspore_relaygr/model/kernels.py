@@ -2,10 +2,13 @@
 
 The shared library is compiled once per machine into a cache directory keyed by the source, the
 compiler and the CPU; if anything fails the model falls back to the reference MindSpore ops.
+The tiled attention kernel also needs oneDNN's `dnnl_sgemm`, taken from the libdnnl that the
+MindSpore wheel ships; without it the model keeps the two pointwise kernels and MindSpore's matmuls.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -48,7 +51,7 @@ def build_library(cxx: str | None = None) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [cxx, *CXX_FLAGS, str(SOURCE), "-o", str(tmp)]
+    cmd = [cxx, *CXX_FLAGS, str(SOURCE), "-o", str(tmp), "-ldl"]
     logger.info("compiling fused kernels: %s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -57,12 +60,33 @@ def build_library(cxx: str | None = None) -> Path:
     return target
 
 
+def find_onednn() -> Path | None:
+    """The oneDNN library inside the installed MindSpore package, if it has one."""
+    import mindspore
+
+    lib_dir = Path(mindspore.__file__).resolve().parent / "lib"
+    found = sorted(lib_dir.glob("libdnnl.so*"), reverse=True)
+    return found[0] if found else None
+
+
+def init_gemm(library: Path) -> bool:
+    """Point the kernel library's tile GEMM at MindSpore's oneDNN; False if that is not possible."""
+    onednn = find_onednn()
+    if onednn is None:
+        return False
+    # ctypes and ops.Custom dlopen the same path, so they share the library's state.
+    return ctypes.CDLL(str(library)).RelaygrInitGemm(str(onednn).encode()) == 1
+
+
 @dataclass(frozen=True)
 class FusedOps:
-    """The two fused primitives; see rab_attention.cc for their contracts."""
+    """The fused primitives; see rab_attention.cc for their contracts."""
 
     rab_index: Any  # (q_pos, q_hi, q_lo, k_pos, k_hi, k_lo, k_valid, pos_lut, thresholds, params) -> [B, K]
     bias_silu: Any  # (scores [H, B, K], idx [B or 1, K], table [H, T]) -> SiLU(scores + bias) [H, B, K]
+    # (q, q_at, k, k_at, v, v_at, idx [B or 1, K], table [H, T], scales [2], like [B, H*dv]) -> [B, H*dv];
+    # None without oneDNN
+    attention: Any | None
 
 
 _cached: FusedOps | None = None
@@ -79,11 +103,19 @@ def load_fused_ops() -> FusedOps | None:
         from mindspore import ops
 
         lib = build_library()
+        attention = None
+        if init_gemm(lib):
+            # Output [B, h * dv] takes the shape of its last input (`like`, see hstu.pointwise_attention).
+            attention = ops.Custom(f"{lib}:PointwiseAttention", out_shape=lambda *shapes: shapes[-1],
+                                   out_dtype=lambda *types: types[0], func_type="aot")
+        else:
+            logger.warning("oneDNN not found in the MindSpore package: attention runs as matmul + fused SiLU")
         _cached = FusedOps(
             rab_index=ops.Custom(f"{lib}:RabIndex", out_shape=lambda qp, *rest: (qp[0], rest[2][0]),
                                  out_dtype=mstype.int32, func_type="aot"),
             bias_silu=ops.Custom(f"{lib}:BiasSilu", out_shape=lambda s, i, t: s,
                                  out_dtype=lambda s, i, t: s, func_type="aot"),
+            attention=attention,
         )
     except Exception as exc:  # noqa: BLE001 - any build/load problem means "use the reference ops"
         _failed = True

@@ -8,6 +8,7 @@ only (M-FALCON). Each graph is that routine with different inputs and outputs.
 
 from __future__ import annotations
 
+import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore import dtype as mstype
 from mindspore.common.initializer import Normal, initializer
@@ -36,6 +37,8 @@ class HSTUNet(nn.Cell):
         self.final_norm = nn.LayerNorm((d,))
         self.head = nn.Dense(d, len(cfg.task_names), weight_init=Normal(0.02))
         self.inv_norm = 1.0 / cfg.max_seq_len  # constant N_norm (see ModelConfig.max_seq_len)
+        # (q scale, 1 / N_norm) for the fused kernel, which applies both inside its GEMMs
+        self.attention_scales = Tensor(np.array([1.0 / cfg.d_qk**0.5, self.inv_norm], np.float32))
         self.block_len = cfg.attention_block_len
         self.candidate_action = cfg.num_actions + 1
 
@@ -58,15 +61,17 @@ class HSTUNet(nn.Cell):
         """Run all layers.
 
         x [n, d] new tokens; meta = (pos [n] int32, time hi [n], time lo [n], valid [n] bool).
-        past = None or (K per layer [h, P, dqk], V per layer [h, P, dv], pos [P], hi [P], lo [P], valid [P]).
+        past = None or (K/V per layer, pos [P], hi [P], lo [P], valid [P]); K/V of a layer is
+        (K, K at, V, V at) as in hstu.pointwise_attention (pool views, or head-major with at = None).
         cand = None or [M, d]; cand_meta = (pos [1], hi [1], lo [1]): all candidates share them.
         fused (a constant) picks the fused CPU kernels or the reference ops for the pointwise part.
         Pointwise attention has no softmax normaliser, so attention over [past | new] keys is the sum
         of the two parts: cached K/V are used as read, never concatenated.
         Returns (new K per layer [h, n, dqk], new V per layer [h, n, dv], candidate hidden or None).
         """
+        views = self.rab.reads_views(fused)
         blocks = query_blocks(x.shape[0], self.block_len)
-        past_meta = None if past is None else past[2:]
+        past_meta = None if past is None else past[1:]
         # Bias is built once per request and reused by every layer; candidates share one row.
         block_bias = ()
         for s, e in blocks:
@@ -78,35 +83,41 @@ class HSTUNet(nn.Cell):
         if cand is not None:
             cand_bias = (self.rab.prepare(fused, cand_meta, meta),
                          None if past is None else self.rab.prepare(fused, cand_meta, past_meta))
-        self_bias = self.rab.self_bias()  # [h, 1]
+        self_bias = ops.transpose(self.rab.self_bias(), (1, 0))  # [1, h]
 
         new_keys, new_values = (), ()
         last = len(self.layers) - 1
         for layer_id, layer in enumerate(self.layers):
-            u, v, q, k = layer.project(x)
+            y = layer.project(x)
+            k, v = layer.heads(y, "k"), layer.heads(y, "v")  # what the pool stores (unused ones are pruned)
             new_keys += (k,)
             new_values += (v,)
-            past_kv = None if past is None else (past[0][layer_id], past[1][layer_id])
+            new_kv = (y, layer.view_at("k"), y, layer.view_at("v")) if views else (k, None, v, None)
+            past_kv = None if past is None else past[0][layer_id]
             if cand is not None:
-                uc, vc, qc, kc = layer.project(cand)
-                av_c = self._attend(fused, qc, k, v, past_kv, cand_bias)
-                # M-FALCON: each candidate also sees itself (and no other candidate).
-                self_attn = ops.silu(ops.sum(qc * kc, -1) + self_bias)  # [h, M]
-                av_c = av_c + ops.expand_dims(self_attn, -1) * vc * self.inv_norm
+                yc = layer.project(cand)
+                uc = layer.part(yc, "u")
+                query = (yc, layer.view_at("q")) if views else (layer.heads(yc, "q") * layer.q_scale, None)
+                av_c = self._attend(fused, query, new_kv, past_kv, cand_bias, uc)
+                av_c = av_c + layer.self_attention(yc, self_bias, self.inv_norm)
                 cand = layer.finish(cand, av_c, uc)
             if layer_id < last:  # the last layer's token outputs feed nothing: only its K/V are used
+                u = layer.part(y, "u")
+                q_all = None if views else layer.heads(y, "q") * layer.q_scale
                 av = ()
                 for b, (s, e) in enumerate(blocks):
-                    av += (self._attend(fused, take(q, s, e, 1), take(k, 0, e, 1), take(v, 0, e, 1), past_kv,
-                                        block_bias[b]),)
-                x = layer.finish(x, ops.concat(av, axis=1) if len(av) > 1 else av[0], u)
+                    query = (y, layer.view_at("q", s)) if views else (take(q_all, s, e, 1), None)
+                    av += (self._attend(fused, query, new_kv, past_kv, block_bias[b], take(u, s, e)),)
+                x = layer.finish(x, ops.concat(av) if len(av) > 1 else av[0], u)
         return new_keys, new_values, cand
 
-    def _attend(self, fused, q, k_new, v_new, past_kv, bias):
-        """Attention of q over new keys (causal part) plus, if any, the cached past keys."""
-        out = pointwise_attention(self.rab, fused, q, k_new, v_new, bias[0], self.inv_norm)
+    def _attend(self, fused, query, new_kv, past_kv, bias, like):
+        """Attention of a query block over new keys (causal; the bias says how many) plus, if any, the past."""
+        out = pointwise_attention(self.rab, fused, query, new_kv, bias[0], like, self.attention_scales,
+                                  self.inv_norm)
         if past_kv is not None:
-            out = out + pointwise_attention(self.rab, fused, q, past_kv[0], past_kv[1], bias[1], self.inv_norm)
+            out = out + pointwise_attention(self.rab, fused, query, past_kv, bias[1], like, self.attention_scales,
+                                            self.inv_norm)
         return out
 
 
@@ -126,9 +137,15 @@ class FullGraph(nn.Cell):
         return self.net.logits(hidden)
 
 
-def _read_past(pool: KVPool, kv_ids, time_ids, past_pos, past_valid):
-    keys, values, hi, lo = pool.read(kv_ids, time_ids)
-    return keys, values, past_pos, hi, lo, past_valid
+def _read_past(pool: KVPool, direct: bool, kv_ids, time_ids, past_pos, past_valid):
+    """The `past` of HSTUNet.encode from a slot: views into the pool (fused kernel) or gathered K/V."""
+    if direct:
+        views = pool.layer_views(kv_ids)
+        hi, lo = pool.read_times(time_ids)
+    else:
+        keys, values, hi, lo = pool.read(kv_ids, time_ids)
+        views = tuple((k, None, v, None) for k, v in zip(keys, values))
+    return views, past_pos, hi, lo, past_valid
 
 
 class PrefixGraph(nn.Cell):
@@ -137,13 +154,14 @@ class PrefixGraph(nn.Cell):
     def __init__(self, net: HSTUNet, pool: KVPool, with_past: bool, fused: bool = False) -> None:
         super().__init__()
         self.net, self.pool, self.with_past, self.fused = net, pool, with_past, fused
+        self.direct = net.rab.reads_views(fused)
 
     def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid,
                   write_kv_ids, write_time_ids, past_kv_ids, past_time_ids, past_pos, past_valid):
         x = self.net.add_user_token(self.net.embed(item_ids, action_ids), user_feats, user_row)
         past = None
         if self.with_past:
-            past = _read_past(self.pool, past_kv_ids, past_time_ids, past_pos, past_valid)
+            past = _read_past(self.pool, self.direct, past_kv_ids, past_time_ids, past_pos, past_valid)
         keys, values, _ = self.net.encode(x, (pos, hi, lo, valid), past, None, None, self.fused)
         width_k, width_v = keys[0].shape[-1], values[0].shape[-1]
         done = self.pool.write(write_kv_ids, write_time_ids, ops.reshape(ops.stack(keys), (-1, width_k)),
@@ -157,12 +175,13 @@ class CandidateGraph(nn.Cell):
     def __init__(self, net: HSTUNet, pool: KVPool, fused: bool = False) -> None:
         super().__init__()
         self.net, self.pool, self.fused = net, pool, fused
+        self.direct = net.rab.reads_views(fused)
 
     def construct(self, item_ids, action_ids, pos, hi, lo, valid, past_kv_ids, past_time_ids, past_pos,
                   past_valid, cand_ids, cand_pos, cand_hi, cand_lo):
         x = self.net.embed(item_ids, action_ids)
         cand = self.net.embed_candidates(cand_ids)
-        past = _read_past(self.pool, past_kv_ids, past_time_ids, past_pos, past_valid)
+        past = _read_past(self.pool, self.direct, past_kv_ids, past_time_ids, past_pos, past_valid)
         _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo),
                                        self.fused)
         return self.net.logits(hidden)

@@ -130,6 +130,9 @@ class KVPool(nn.Cell):
                                  name="kv_pool_time_hi", requires_grad=False)
         self.time_lo = Parameter(initializer("zeros", (layout.time_rows,), mstype.float32),
                                  name="kv_pool_time_lo", requires_grad=False)
+        # (head stride, row stride, width) in elements of a slot's K and V views, after their offset
+        self.key_view_tail = Tensor(np.array([layout.slot_len * layout.d_qk, layout.d_qk, layout.d_qk], np.int64))
+        self.value_view_tail = Tensor(np.array([layout.slot_len * layout.d_v, layout.d_v, layout.d_v], np.int64))
 
     def read(self, kv_ids: Tensor, time_ids: Tensor) -> tuple[tuple, tuple, Tensor, Tensor]:
         """-> (K [H, P, d_qk] per layer), (V [H, P, d_v] per layer), time hi [P], time lo [P].
@@ -143,7 +146,26 @@ class KVPool(nn.Cell):
             ids = ops.slice(kv_ids, (layer * per_layer,), (per_layer,))
             keys += (ops.reshape(ops.gather(self.keys, ids, 0), (lay.num_heads, -1, lay.d_qk)),)
             values += (ops.reshape(ops.gather(self.values, ids, 0), (lay.num_heads, -1, lay.d_v)),)
-        return keys, values, ops.gather(self.time_hi, time_ids, 0), ops.gather(self.time_lo, time_ids, 0)
+        return (keys, values) + self.read_times(time_ids)
+
+    def layer_views(self, kv_ids: Tensor) -> tuple:
+        """Per layer (keys, K at, values, V at): the slot's K/V read in place by the fused attention kernel.
+
+        The heads of a slot's layer are slot_len rows apart (see PoolLayout), so a view (offset of head 0's
+        first token, head stride, row stride, width) covers them and no gather copies the cached K/V.
+        """
+        lay = self.layout
+        per_layer = kv_ids.shape[0] // lay.num_layers
+        views = ()
+        for layer in range(lay.num_layers):
+            first = ops.cast(ops.slice(kv_ids, (layer * per_layer,), (1,)), mstype.int64)
+            views += ((self.keys, ops.concat((first * lay.d_qk, self.key_view_tail)),
+                       self.values, ops.concat((first * lay.d_v, self.value_view_tail))),)
+        return views
+
+    def read_times(self, time_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Timestamps (hi [P], lo [P]) of a slot's first P tokens."""
+        return ops.gather(self.time_hi, time_ids, 0), ops.gather(self.time_lo, time_ids, 0)
 
     def write(self, kv_ids: Tensor, time_ids: Tensor, keys: Tensor, values: Tensor, hi: Tensor,
               lo: Tensor) -> Tensor:
