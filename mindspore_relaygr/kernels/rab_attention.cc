@@ -323,8 +323,9 @@ bool make_view(const float *src, int64_t src_numel, const int64_t *at, int64_t h
 }
 
 // inputs: q f32, q_at[4] i64, k f32, k_at[4] i64, v f32, v_at[4] i64 (views, see make_view: q and k have width
-//         dq, v has width dv; q is scaled by scales[0] inside), idx[Bi, K] i32 (Bi == B, or 1 when every query
-//         shares one row), table[H, T] f32 (last column is the mask entry), scales[2] f32 = (q scale, 1 / N_norm),
+//         dq, v has width dv; q is scaled by scales[0] inside), idx[Bi, K] i32 with 1 <= Bi <= B: query r uses
+//         index row min(r, Bi - 1) (Bi == B: a row each; Bi == 1: all share one; else suffix rows, then
+//         candidates sharing the last row), table[H, T] f32 (last column is the mask entry), scales[2] f32 = (q scale, 1 / N_norm),
 //         like[B, H * dv] (only its shape is read: the number of queries B)
 // output: out[B, H * dv] f32, token-major (head h in columns [h * dv, (h + 1) * dv))
 int PointwiseAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
@@ -339,7 +340,7 @@ int PointwiseAttention(int nparam, void **params, int *ndims, int64_t **shapes, 
   const int64_t rows = shapes[9][0];
   const int64_t idx_rows = shapes[6][0], keys = shapes[6][1];
   const int32_t mask = static_cast<int32_t>(table_cols - 1);
-  if (idx_rows != rows && idx_rows != 1) return 3;
+  if (idx_rows < 1 || idx_rows > rows) return 3;
   View qv, kv, vv;
   if (!make_view(static_cast<const float *>(params[0]), numel(ndims[0], shapes[0]),
                  static_cast<const int64_t *>(params[1]), heads, rows, &qv) ||
@@ -355,10 +356,11 @@ int PointwiseAttention(int nparam, void **params, int *ndims, int64_t **shapes, 
   const float q_scale = scales[0], inv_norm = scales[1];
 
   // A 64 x 512 score tile (128 KiB) stays in L2 between the two GEMMs; the fastest of 64-256 x 128-1024 here.
-  // Up to 128 rows (candidates, suffixes) form one tile, so each head streams its keys from memory once.
+  // Up to 192 rows (candidates and suffix) form one tile, so each head streams its keys from memory once.
   constexpr int64_t kTileK = 512;
-  const int64_t kTileQ = rows <= 128 ? rows : 64;
+  const int64_t kTileQ = rows <= 192 ? rows : 64;
   const int64_t q_tiles = (rows + kTileQ - 1) / kTileQ;
+  const int32_t *shared_ix = idx + (idx_rows - 1) * keys;  // the index row of every query >= idx_rows - 1
   parallel_items(heads * q_tiles, [&](int64_t item) {
     thread_local std::vector<float> scores;
     scores.resize(kTileQ * kTileK);
@@ -369,14 +371,18 @@ int PointwiseAttention(int nparam, void **params, int *ndims, int64_t **shapes, 
     const float *th = table + h * table_cols;
     float *oh = out + q0 * out_ld + h * dv;
     for (int64_t r = 0; r < qn; ++r) std::fill(oh + r * out_ld, oh + r * out_ld + dv, 0.0f);
-    const int64_t ix_ld = idx_rows == 1 ? 0 : keys;
-    const int32_t *ix0 = idx + (idx_rows == 1 ? 0 : q0 * keys);
+    // Rows [0, own) of this tile have index rows of their own; rows [own, qn) share the last one.
+    const int64_t own = std::min(std::max<int64_t>(idx_rows - 1 - q0, 0), qn);
+    const int32_t *own_ix = idx + q0 * keys;
     for (int64_t k0 = 0; k0 < keys; k0 += kTileK) {
       const int64_t kn = std::min(kTileK, keys - k0);
-      if (!tile_visible(ix0 + k0, ix_ld, idx_rows == 1 ? 1 : qn, kn, mask)) continue;
+      const bool visible = (own > 0 && tile_visible(own_ix + k0, keys, own, kn, mask)) ||
+                           (own < qn && tile_visible(shared_ix + k0, 0, 1, kn, mask));
+      if (!visible) continue;
       sgemm('N', 'T', qn, kn, dq, q_scale, qh, qv.row_stride, kh + k0 * kv.row_stride, kv.row_stride, 0.0f,
             scores.data(), kn);
-      bias_silu_tile(scores.data(), kn, ix0 + k0, ix_ld, th, qn, kn, mask);
+      if (own > 0) bias_silu_tile(scores.data(), kn, own_ix + k0, keys, th, own, kn, mask);
+      if (own < qn) bias_silu_tile(scores.data() + own * kn, kn, shared_ix + k0, 0, th, qn - own, kn, mask);
       sgemm('N', 'N', qn, dv, kn, inv_norm, scores.data(), kn, vh + k0 * vv.row_stride, vv.row_stride, 1.0f, oh,
             out_ld);
     }

@@ -84,6 +84,12 @@ class HSTUNet(nn.Cell):
             cand_bias = (self.rab.prepare(fused, cand_meta, meta),
                          None if past is None else self.rab.prepare(fused, cand_meta, past_meta))
         self_bias = ops.transpose(self.rab.self_bias(), (1, 0))  # [1, h]
+        # Ranking from a cached slot: the suffix rows and the candidates attend to the past keys in one
+        # kernel call per layer (each layer's cached K/V is read once), suffix index rows first, then
+        # the candidates' shared row.
+        merged_past_idx = None
+        if views and past is not None and cand is not None:
+            merged_past_idx = ops.concat(tuple(bias[1] for bias in block_bias) + (cand_bias[1],))
 
         new_keys, new_values = (), ()
         last = len(self.layers) - 1
@@ -94,27 +100,38 @@ class HSTUNet(nn.Cell):
             new_values += (v,)
             new_kv = (y, layer.view_at("k"), y, layer.view_at("v")) if views else (k, None, v, None)
             past_kv = None if past is None else past[0][layer_id]
+            rows_out = layer_id < last  # the last layer's token outputs feed nothing: only its K/V are used
+            u = layer.part(y, "u") if rows_out else None
+            yc = uc = merged_past = None
             if cand is not None:
                 yc = layer.project(cand)
                 uc = layer.part(yc, "u")
+                if merged_past_idx is not None and rows_out:
+                    merged_past = pointwise_attention(
+                        self.rab, fused, (ops.concat((y, yc)), layer.view_at("q")), past_kv, merged_past_idx,
+                        ops.concat((u, uc)), self.attention_scales, self.inv_norm)
                 query = (yc, layer.view_at("q")) if views else (layer.heads(yc, "q") * layer.q_scale, None)
-                av_c = self._attend(fused, query, new_kv, past_kv, cand_bias, uc)
+                past_c = None if merged_past is None else take(merged_past, x.shape[0], merged_past.shape[0])
+                av_c = self._attend(fused, query, new_kv, past_kv, cand_bias, uc, past_c)
                 av_c = av_c + layer.self_attention(yc, self_bias, self.inv_norm)
                 cand = layer.finish(cand, av_c, uc)
-            if layer_id < last:  # the last layer's token outputs feed nothing: only its K/V are used
-                u = layer.part(y, "u")
+            if rows_out:
                 q_all = None if views else layer.heads(y, "q") * layer.q_scale
                 av = ()
                 for b, (s, e) in enumerate(blocks):
                     query = (y, layer.view_at("q", s)) if views else (take(q_all, s, e, 1), None)
-                    av += (self._attend(fused, query, new_kv, past_kv, block_bias[b], take(u, s, e)),)
+                    past_b = None if merged_past is None else take(merged_past, s, e)
+                    av += (self._attend(fused, query, new_kv, past_kv, block_bias[b], take(u, s, e), past_b),)
                 x = layer.finish(x, ops.concat(av) if len(av) > 1 else av[0], u)
         return new_keys, new_values, cand
 
-    def _attend(self, fused, query, new_kv, past_kv, bias, like):
-        """Attention of a query block over new keys (causal; the bias says how many) plus, if any, the past."""
+    def _attend(self, fused, query, new_kv, past_kv, bias, like, past_out=None):
+        """Attention of a query block over new keys (causal; the bias says how many) plus, if any, the past
+        (`past_out` when it was computed already)."""
         out = pointwise_attention(self.rab, fused, query, new_kv, bias[0], like, self.attention_scales,
                                   self.inv_norm)
+        if past_out is not None:
+            return out + past_out
         if past_kv is not None:
             out = out + pointwise_attention(self.rab, fused, query, past_kv, bias[1], like, self.attention_scales,
                                             self.inv_norm)

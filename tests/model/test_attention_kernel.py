@@ -23,8 +23,11 @@ def attention_op():
 
 
 def reference(q, k, v, idx, table, q_scale, inv_norm):
-    """q [H, B, dq], k [H, K, dq], v [H, K, dv], idx [B or 1, K] -> [B, H * dv] in float64."""
-    idx = np.broadcast_to(idx, (q.shape[1], k.shape[1]))
+    """q [H, B, dq], k [H, K, dq], v [H, K, dv], idx [Bi <= B, K] -> [B, H * dv] in float64.
+
+    Query r uses index row min(r, Bi - 1)."""
+    rows = q.shape[1]
+    idx = idx[np.minimum(np.arange(rows), idx.shape[0] - 1)]
     out = []
     for h in range(q.shape[0]):
         s = (q[h].astype(np.float64) * q_scale) @ k[h].T.astype(np.float64) + table[h][idx]
@@ -42,12 +45,12 @@ def run(op, q_src, q_at, k_src, k_at, v_src, v_at, idx, table, scales, rows):
     return op(*(Tensor(a) for a in args)).asnumpy()
 
 
-def random_case(rng, rows, keys, shared_idx, causal):
+def random_case(rng, rows, keys, shared_idx, causal, idx_rows=None):
     q = rng.normal(0, 1, (HEADS, rows, DQ)).astype(np.float32)
     k = rng.normal(0, 1, (HEADS, keys, DQ)).astype(np.float32)
     v = rng.normal(0, 1, (HEADS, keys, DV)).astype(np.float32)
     table = rng.normal(0, 0.5, (HEADS, TABLE)).astype(np.float32)
-    idx = rng.integers(0, MASK + 1, (1 if shared_idx else rows, keys))
+    idx = rng.integers(0, MASK + 1, (idx_rows or (1 if shared_idx else rows), keys))
     if causal:  # query i sees keys j <= keys - rows + i, so whole key tiles of early rows are masked
         visible = np.arange(keys)[None, :] <= (keys - rows + np.arange(rows))[:, None]
         idx = np.where(visible, idx, MASK)
@@ -62,6 +65,18 @@ def test_head_major_views_match_numpy(attention_op, rows, keys, shared, causal):
     got = run(attention_op, q, (0, rows * DQ, DQ, DQ), k, (0, keys * DQ, DQ, DQ), v, (0, keys * DV, DV, DV),
               idx, table, (0.25, 1 / 64), rows)
     np.testing.assert_allclose(got, reference(q, k, v, idx, table, 0.25, 1 / 64), rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("rows,idx_rows", [(160, 33), (300, 17), (40, 40)])
+def test_suffix_rows_then_shared_candidate_row(attention_op, rows, idx_rows):
+    """idx with fewer rows than queries: the first rows have their own, the rest share the last (the
+    merged suffix + candidates call of the ranking graph)."""
+    rng = np.random.default_rng(rows)
+    q, k, v, table, idx = random_case(rng, rows, 700, False, False, idx_rows=idx_rows)
+    idx[idx_rows - 1, 100:] = MASK  # the shared row masks most keys, the own rows do not
+    got = run(attention_op, q, (0, rows * DQ, DQ, DQ), k, (0, 700 * DQ, DQ, DQ), v, (0, 700 * DV, DV, DV),
+              idx, table, (0.3, 0.02), rows)
+    np.testing.assert_allclose(got, reference(q, k, v, idx, table, 0.3, 0.02), rtol=0, atol=2e-5)
 
 
 def test_token_major_views_with_row_offset_and_padding(attention_op):
