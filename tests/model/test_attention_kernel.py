@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-
 pytestmark = pytest.mark.slow
 
 HEADS, DQ, DV, TABLE = 3, 16, 8, 41  # table column TABLE - 1 is the mask entry
