@@ -135,7 +135,7 @@ def graph_cells(net: Any) -> tuple[Any, Any]:
             # encode takes K/V per layer; Slice (not integer indexing, slow on CPU) splits the stacked inputs.
             keys = tuple(ops.squeeze(take(keys, i, i + 1), 0) for i in range(self.num_layers))
             values = tuple(ops.squeeze(take(values, i, i + 1), 0) for i in range(self.num_layers))
-            views = tuple((k, None, v, None) for k, v in zip(keys, values, strict=True))
+            views = tuple((keys[i], None, values[i], None) for i in range(len(keys)))  # graph mode: no zip(strict=)
             past = (views, past_pos, past_hi, past_lo, past_valid)
             _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo), False)
             return self.net.logits(hidden)

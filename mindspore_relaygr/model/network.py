@@ -161,7 +161,7 @@ def _read_past(pool: KVPool, direct: bool, kv_ids, time_ids, past_pos, past_vali
         hi, lo = pool.read_times(time_ids)
     else:
         keys, values, hi, lo = pool.read(kv_ids, time_ids)
-        views = tuple((k, None, v, None) for k, v in zip(keys, values, strict=True))
+        views = tuple((keys[i], None, values[i], None) for i in range(len(keys)))  # graph mode: no zip(strict=)
     return views, past_pos, hi, lo, past_valid
 
 
