@@ -325,8 +325,8 @@ bool make_view(const float *src, int64_t src_numel, const int64_t *at, int64_t h
 // inputs: q f32, q_at[4] i64, k f32, k_at[4] i64, v f32, v_at[4] i64 (views, see make_view: q and k have width
 //         dq, v has width dv; q is scaled by scales[0] inside), idx[Bi, K] i32 with 1 <= Bi <= B: query r uses
 //         index row min(r, Bi - 1) (Bi == B: a row each; Bi == 1: all share one; else suffix rows, then
-//         candidates sharing the last row), table[H, T] f32 (last column is the mask entry), scales[2] f32 = (q scale, 1 / N_norm),
-//         like[B, H * dv] (only its shape is read: the number of queries B)
+//         candidates sharing the last row), table[H, T] f32 (last column is the mask entry),
+//         scales[2] f32 = (q scale, 1 / N_norm), like[B, H * dv] (only its shape is read: the number of queries B)
 // output: out[B, H * dv] f32, token-major (head h in columns [h * dv, (h + 1) * dv))
 int PointwiseAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                        void *extra) {
