@@ -78,7 +78,7 @@ class RelativeBias(nn.Cell):
         self.fused_attention_op = fused_ops.attention
 
     def reads_views(self, fused: bool) -> bool:
-        """True when attention reads keys in place through (first row, rows per head) views (fused kernel)."""
+        """True when attention reads Q/K/V in place through strided views (the fused attention kernel)."""
         return fused and self.fused_attention_op is not None
 
     def masked_table(self) -> Tensor:

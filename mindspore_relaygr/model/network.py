@@ -38,7 +38,7 @@ class HSTUNet(nn.Cell):
         self.head = nn.Dense(d, len(cfg.task_names), weight_init=Normal(0.02))
         self.inv_norm = 1.0 / cfg.max_seq_len  # constant N_norm (see ModelConfig.max_seq_len)
         # (q scale, 1 / N_norm) for the fused kernel, which applies both inside its GEMMs
-        self.attention_scales = Tensor(np.array([1.0 / cfg.d_qk**0.5, self.inv_norm], np.float32))
+        self.attention_scales = Tensor(np.array([self.layers[0].q_scale, self.inv_norm], np.float32))
         self.block_len = cfg.attention_block_len
         self.candidate_action = cfg.num_actions + 1
 
