@@ -391,3 +391,103 @@ int PointwiseAttention(int nparam, void **params, int *ndims, int64_t **shapes, 
 }
 
 }  // extern "C"
+
+// ---------------------------------------------------------------------------------------------------------
+// The dense parts of an HSTU layer, tile by tile with a fused epilogue, so each [n, W] intermediate is written
+// once instead of once per elementwise op (MindSpore: matmul, bias add, sigmoid, mul; layer norm, mul, matmul,
+// bias add, add).
+
+namespace {
+
+// Row tiles of about 64 rows, as many per thread: [start, end) of tile t of `tiles`.
+int64_t row_tiles(int64_t rows) {
+  const int64_t hw = static_cast<int64_t>(std::thread::hardware_concurrency());
+  int64_t threads = hw > 0 ? hw : 1;
+  if (std::getenv("RELAYGR_KERNEL_THREADS")) threads = std::max(1, std::atoi(std::getenv("RELAYGR_KERNEL_THREADS")));
+  const int64_t per_thread = (rows + 64 * threads - 1) / (64 * threads);
+  return std::max<int64_t>(1, std::min(rows, threads * per_thread));
+}
+
+}  // namespace
+
+extern "C" {
+
+// inputs: x[n, d] f32, w[d, W] f32, b[W] f32
+// output: y[n, W] f32 = SiLU(x w + b)
+int ProjectSilu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                void *extra) {
+  const SgemmFn sgemm = g_sgemm.load();
+  if (nparam != 4 || sgemm == nullptr) return 1;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *w = static_cast<const float *>(params[1]);
+  const float *b = static_cast<const float *>(params[2]);
+  float *y = static_cast<float *>(params[3]);
+  if (ndims[0] != 2 || ndims[1] != 2 || shapes[1][0] != shapes[0][1] || numel(ndims[2], shapes[2]) != shapes[1][1]) {
+    return 2;
+  }
+  const int64_t n = shapes[0][0], d = shapes[0][1], width = shapes[1][1];
+  const int64_t tiles = row_tiles(n), step = (n + tiles - 1) / tiles;
+  parallel_items(tiles, [&](int64_t t) {
+    const int64_t r0 = t * step, rn = std::min(step, n - r0);
+    if (rn <= 0) return;
+    float *yt = y + r0 * width;
+    sgemm('N', 'N', rn, width, d, 1.0f, x + r0 * d, d, w, width, 0.0f, yt, width);
+    for (int64_t r = 0; r < rn; ++r) {
+      float *__restrict row = yt + r * width;
+      for (int64_t j = 0; j < width; ++j) row[j] = silu(row[j] + b[j]);
+    }
+  });
+  return 0;
+}
+
+// inputs: x[n, d] f32, av[n, e] f32, u[n, e] f32, gamma[e] f32, beta[e] f32, w2[d, e] f32 (nn.Dense layout),
+//         b2[d] f32, eps[1] f32
+// output: x + (LayerNorm(av) * u) w2^T + b2, [n, d] (the layer's residual update)
+int FinishRows(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+               void *extra) {
+  const SgemmFn sgemm = g_sgemm.load();
+  if (nparam != 9 || sgemm == nullptr) return 1;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *av = static_cast<const float *>(params[1]);
+  const float *u = static_cast<const float *>(params[2]);
+  const float *gamma = static_cast<const float *>(params[3]);
+  const float *beta = static_cast<const float *>(params[4]);
+  const float *w2 = static_cast<const float *>(params[5]);
+  const float *b2 = static_cast<const float *>(params[6]);
+  const float eps = static_cast<const float *>(params[7])[0];
+  float *out = static_cast<float *>(params[8]);
+  if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[5] != 2) return 2;
+  const int64_t n = shapes[0][0], d = shapes[0][1], e = shapes[1][1];
+  if (shapes[1][0] != n || shapes[2][0] != n || shapes[2][1] != e || shapes[5][0] != d || shapes[5][1] != e ||
+      numel(ndims[3], shapes[3]) != e || numel(ndims[4], shapes[4]) != e || numel(ndims[6], shapes[6]) != d) {
+    return 3;
+  }
+  const int64_t tiles = row_tiles(n), step = (n + tiles - 1) / tiles;
+  parallel_items(tiles, [&](int64_t t) {
+    const int64_t r0 = t * step, rn = std::min(step, n - r0);
+    if (rn <= 0) return;
+    thread_local std::vector<float> gated;
+    gated.resize(rn * e);
+    for (int64_t r = 0; r < rn; ++r) {
+      const float *a = av + (r0 + r) * e;
+      const float *g = u + (r0 + r) * e;
+      double sum = 0.0, sq = 0.0;
+      for (int64_t j = 0; j < e; ++j) sum += a[j];
+      const float mean = static_cast<float>(sum / e);
+      for (int64_t j = 0; j < e; ++j) sq += static_cast<double>(a[j] - mean) * (a[j] - mean);
+      const float inv_std = 1.0f / std::sqrt(static_cast<float>(sq / e) + eps);
+      float *__restrict z = gated.data() + r * e;
+      for (int64_t j = 0; j < e; ++j) z[j] = ((a[j] - mean) * inv_std * gamma[j] + beta[j]) * g[j];
+    }
+    float *ot = out + r0 * d;
+    sgemm('N', 'T', rn, d, e, 1.0f, gated.data(), e, w2, e, 0.0f, ot, d);
+    for (int64_t r = 0; r < rn; ++r) {
+      const float *__restrict xr = x + (r0 + r) * d;
+      float *__restrict o = ot + r * d;
+      for (int64_t j = 0; j < d; ++j) o[j] = xr[j] + (o[j] + b2[j]);
+    }
+  });
+  return 0;
+}
+
+}  // extern "C"

@@ -87,6 +87,10 @@ class FusedOps:
     # (q, q_at, k, k_at, v, v_at, idx [B or 1, K], table [H, T], scales [2], like [B, H*dv]) -> [B, H*dv];
     # None without oneDNN
     attention: Any | None
+    project_silu: Any | None = None  # (x [n, d], w [d, W], b [W]) -> SiLU(x w + b) [n, W]; None without oneDNN
+    # (x [n, d], av [n, e], u [n, e], gamma [e], beta [e], w2 [d, e], b2 [d], eps [1]) -> [n, d]:
+    # x + (LayerNorm(av) * u) w2^T + b2; None without oneDNN
+    finish_rows: Any | None = None
 
 
 _cached: FusedOps | None = None
@@ -103,11 +107,15 @@ def load_fused_ops() -> FusedOps | None:
         from mindspore import ops
 
         lib = build_library()
-        attention = None
+        attention = project_silu = finish_rows = None
         if init_gemm(lib):
             # Output [B, h * dv] takes the shape of its last input (`like`, see hstu.pointwise_attention).
             attention = ops.Custom(f"{lib}:PointwiseAttention", out_shape=lambda *shapes: shapes[-1],
                                    out_dtype=lambda *types: types[0], func_type="aot")
+            project_silu = ops.Custom(f"{lib}:ProjectSilu", out_shape=lambda x, w, b: (x[0], w[1]),
+                                      out_dtype=lambda *types: types[0], func_type="aot")
+            finish_rows = ops.Custom(f"{lib}:FinishRows", out_shape=lambda *shapes: shapes[0],
+                                     out_dtype=lambda *types: types[0], func_type="aot")
         else:
             logger.warning("oneDNN not found in the MindSpore package: attention runs as matmul + fused SiLU")
         _cached = FusedOps(
@@ -116,6 +124,8 @@ def load_fused_ops() -> FusedOps | None:
             bias_silu=ops.Custom(f"{lib}:BiasSilu", out_shape=lambda s, i, t: s,
                                  out_dtype=lambda s, i, t: s, func_type="aot"),
             attention=attention,
+            project_silu=project_silu,
+            finish_rows=finish_rows,
         )
     except Exception as exc:  # noqa: BLE001 - any build/load problem means "use the reference ops"
         _failed = True

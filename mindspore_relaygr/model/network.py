@@ -42,6 +42,17 @@ class HSTUNet(nn.Cell):
         self.block_len = cfg.attention_block_len
         self.candidate_action = cfg.num_actions + 1
 
+    def enable_fused(self, fused_ops) -> None:
+        """Attach the fused CPU kernels (model/kernels.py) to the bias and every layer."""
+        self.rab.enable_fused(fused_ops)
+        for layer in self.layers:
+            layer.enable_fused(fused_ops)
+
+    def assemble_weights(self) -> None:
+        """Refresh every layer's assembled W1/b1 from its per-head parameters (after any weight change)."""
+        for layer in self.layers:
+            layer.assemble_weights()
+
     def embed(self, item_ids: Tensor, action_ids: Tensor) -> Tensor:
         return ops.gather(self.item_table, item_ids, 0) + ops.gather(self.action_table, action_ids, 0)
 
@@ -64,12 +75,86 @@ class HSTUNet(nn.Cell):
         past = None or (K/V per layer, pos [P], hi [P], lo [P], valid [P]); K/V of a layer is
         (K, K at, V, V at) as in hstu.pointwise_attention (pool views, or head-major with at = None).
         cand = None or [M, d]; cand_meta = (pos [1], hi [1], lo [1]): all candidates share them.
-        fused (a constant) picks the fused CPU kernels or the reference ops for the pointwise part.
+        fused (a constant) picks the fused CPU kernels and the assembled W1 (inference: see
+        HSTUNet.assemble_weights) or the reference ops and per-head weights (training, export).
         Pointwise attention has no softmax normaliser, so attention over [past | new] keys is the sum
         of the two parts: cached K/V are used as read, never concatenated.
         Returns (new K per layer [h, n, dqk], new V per layer [h, n, dv], candidate hidden or None).
         """
-        views = self.rab.reads_views(fused)
+        if self.rab.reads_views(fused):
+            return self._encode_rows(x, meta, past, cand, cand_meta)
+        return self._encode_reference(x, meta, past, cand, cand_meta, fused)
+
+    def _encode_rows(self, x, meta, past, cand, cand_meta):
+        """`encode` with the attention kernel, which reads Q/K/V in place: the candidates are rows n.. of one
+        token matrix, so every layer runs one projection, one kernel call per query block over the new keys
+        (the last block also holds the candidates, whose keys are the history and themselves) and one kernel
+        call for all rows over the past keys."""
+        n = x.shape[0]
+        blocks = query_blocks(n, self.block_len)
+        rows = n if cand is None else n + cand.shape[0]
+        if cand is not None:
+            x = ops.concat((x, cand))
+        new_idx = [self.rab.prepare(True, tuple(take(m, s, e) for m in meta[:3]), tuple(take(m, 0, e) for m in meta))
+                   for s, e in blocks]
+        cand_idx = None if cand is None else self._candidate_rows(self.rab.prepare(True, cand_meta, meta), rows - n)
+        if cand_idx is not None:
+            # The last block's rows see no candidate keys; then the candidate rows.
+            s, e = blocks[-1]
+            masked = ops.full((e - s, rows - n), self.rab.mask_index, dtype=mstype.int32)
+            new_idx[-1] = ops.concat((ops.concat((new_idx[-1], masked), axis=1), cand_idx))
+        past_idx = cand_past_idx = None
+        if past is not None:
+            q_meta = tuple(take(m, 0, n) for m in meta[:3])
+            past_idx = self.rab.prepare(True, q_meta, past[1:])
+            if cand is not None:
+                cand_past_idx = self.rab.prepare(True, cand_meta, past[1:])
+                past_idx = ops.concat((past_idx, cand_past_idx))  # the candidates share its last row
+
+        new_keys, new_values = (), ()
+        last = len(self.layers) - 1
+        for layer_id, layer in enumerate(self.layers):
+            y = layer.project(x, assembled=True)
+            y_new = y if cand is None else take(y, 0, n)
+            new_keys += (layer.heads(y_new, "k"),)  # what the pool stores (pruned where unused)
+            new_values += (layer.heads(y_new, "v"),)
+            if layer_id == last and cand is None:
+                break  # only the last layer's K/V are needed
+            new_kv = (y, layer.view_at("k"), y, layer.view_at("v"))
+            past_kv = None if past is None else past[0][layer_id]
+            u = layer.part(y, "u")
+            if layer_id < last:
+                av = ()
+                for b, (s, e) in enumerate(blocks):
+                    e = rows if b == len(blocks) - 1 else e
+                    av += (self._attend_rows(layer, y, s, new_kv, new_idx[b], take(u, s, e)),)
+                av = ops.concat(av) if len(av) > 1 else av[0]
+                if past is not None:
+                    av = av + self._attend_rows(layer, y, 0, past_kv, past_idx, u)
+                x = layer.finish(x, av, u, fused=True)
+            else:  # the last layer's token outputs feed nothing: only the candidate rows
+                u_c = take(u, n, rows)
+                av = self._attend_rows(layer, y, n, new_kv, cand_idx, u_c)
+                if past is not None:
+                    av = av + self._attend_rows(layer, y, n, past_kv, cand_past_idx, u_c)
+                x = layer.finish(take(x, n, rows), av, u_c, fused=True)
+        return new_keys, new_values, None if cand is None else x
+
+    def _candidate_rows(self, row, num_cands):
+        """Bucket indices of the candidates over [history | candidates] keys: the shared history row [1, n],
+        then each candidate over itself (index 0 = distance 0, time 0) and no other candidate."""
+        eye = ops.eye(num_cands, num_cands, mstype.int32)
+        own = (1 - eye) * self.rab.mask_index
+        return ops.concat((ops.broadcast_to(row, (num_cands, row.shape[1])), own), axis=1)
+
+    def _attend_rows(self, layer, y, first_row, kv, idx, like):
+        """Kernel call for query rows [first_row, first_row + like rows) of y against the keys of kv."""
+        return pointwise_attention(self.rab, True, (y, layer.view_at("q", first_row)), kv, idx, like,
+                                   self.attention_scales, self.inv_norm)
+
+    def _encode_reference(self, x, meta, past, cand, cand_meta, fused):
+        """`encode` with MindSpore ops (fused=True: the two pointwise kernels): head-major Q/K/V, the
+        candidates as a separate token matrix with their own self-attention term."""
         blocks = query_blocks(x.shape[0], self.block_len)
         past_meta = None if past is None else past[1:]
         # Bias is built once per request and reused by every layer; candidates share one row.
@@ -84,56 +169,36 @@ class HSTUNet(nn.Cell):
             cand_bias = (self.rab.prepare(fused, cand_meta, meta),
                          None if past is None else self.rab.prepare(fused, cand_meta, past_meta))
         self_bias = ops.transpose(self.rab.self_bias(), (1, 0))  # [1, h]
-        # Ranking from a cached slot: the suffix rows and the candidates attend to the past keys in one
-        # kernel call per layer (each layer's cached K/V is read once), suffix index rows first, then
-        # the candidates' shared row.
-        merged_past_idx = None
-        if views and past is not None and cand is not None:
-            merged_past_idx = ops.concat(tuple(bias[1] for bias in block_bias) + (cand_bias[1],))
 
         new_keys, new_values = (), ()
         last = len(self.layers) - 1
         for layer_id, layer in enumerate(self.layers):
-            y = layer.project(x)
+            y = layer.project(x, assembled=fused)
             k, v = layer.heads(y, "k"), layer.heads(y, "v")  # what the pool stores (unused ones are pruned)
             new_keys += (k,)
             new_values += (v,)
-            new_kv = (y, layer.view_at("k"), y, layer.view_at("v")) if views else (k, None, v, None)
+            new_kv = (k, None, v, None)
             past_kv = None if past is None else past[0][layer_id]
-            rows_out = layer_id < last  # the last layer's token outputs feed nothing: only its K/V are used
-            u = layer.part(y, "u") if rows_out else None
-            yc = uc = merged_past = None
             if cand is not None:
-                yc = layer.project(cand)
+                yc = layer.project(cand, assembled=fused)
                 uc = layer.part(yc, "u")
-                if merged_past_idx is not None and rows_out:
-                    merged_past = pointwise_attention(
-                        self.rab, fused, (ops.concat((y, yc)), layer.view_at("q")), past_kv, merged_past_idx,
-                        ops.concat((u, uc)), self.attention_scales, self.inv_norm)
-                query = (yc, layer.view_at("q")) if views else (layer.heads(yc, "q") * layer.q_scale, None)
-                past_c = None if merged_past is None else take(merged_past, x.shape[0], merged_past.shape[0])
-                av_c = self._attend(fused, query, new_kv, past_kv, cand_bias, uc, past_c)
+                av_c = self._attend(fused, (layer.heads(yc, "q") * layer.q_scale, None), new_kv, past_kv, cand_bias)
                 av_c = av_c + layer.self_attention(yc, self_bias, self.inv_norm)
                 cand = layer.finish(cand, av_c, uc)
-            if rows_out:
-                q_all = None if views else layer.heads(y, "q") * layer.q_scale
-                av = ()
-                for b, (s, e) in enumerate(blocks):
-                    query = (y, layer.view_at("q", s)) if views else (take(q_all, s, e, 1), None)
-                    past_b = None if merged_past is None else take(merged_past, s, e)
-                    av += (self._attend(fused, query, new_kv, past_kv, block_bias[b], take(u, s, e), past_b),)
+            if layer_id < last:  # the last layer's token outputs feed nothing: only its K/V are used
+                q_all = layer.heads(y, "q") * layer.q_scale
+                av = tuple(self._attend(fused, (take(q_all, s, e, 1), None), new_kv, past_kv, block_bias[b])
+                           for b, (s, e) in enumerate(blocks))
+                u = layer.part(y, "u")
                 x = layer.finish(x, ops.concat(av) if len(av) > 1 else av[0], u)
         return new_keys, new_values, cand
 
-    def _attend(self, fused, query, new_kv, past_kv, bias, like, past_out=None):
-        """Attention of a query block over new keys (causal; the bias says how many) plus, if any, the past
-        (`past_out` when it was computed already)."""
-        out = pointwise_attention(self.rab, fused, query, new_kv, bias[0], like, self.attention_scales,
+    def _attend(self, fused, query, new_kv, past_kv, bias):
+        """Attention of a query block over new keys (causal; the bias says how many) plus, if any, the past."""
+        out = pointwise_attention(self.rab, fused, query, new_kv, bias[0], None, self.attention_scales,
                                   self.inv_norm)
-        if past_out is not None:
-            return out + past_out
         if past_kv is not None:
-            out = out + pointwise_attention(self.rab, fused, query, past_kv, bias[1], like, self.attention_scales,
+            out = out + pointwise_attention(self.rab, fused, query, past_kv, bias[1], None, self.attention_scales,
                                             self.inv_norm)
         return out
 

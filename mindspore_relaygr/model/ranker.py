@@ -65,6 +65,7 @@ class RelayGRModel:
         self.layout = PoolLayout.from_config(config.model, config.cache)
         self.net = HSTUNet(self.cfg)
         self.net.set_train(False)
+        self.net.assemble_weights()
         self.pool = KVPool(self.layout)
         self.fused = self._resolve_fused()
         self._graphs = {
@@ -284,16 +285,27 @@ class RelayGRModel:
     def save_checkpoint(self, path: str | Path) -> None:
         import mindspore as ms
 
-        ms.save_checkpoint(self.net, str(path))
+        from mindspore_relaygr.model.hstu import ASSEMBLED
+
+        ms.save_checkpoint(self.net, str(path), choice_func=lambda name: not name.endswith(ASSEMBLED))
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Load weights saved by `save_checkpoint`; every network parameter must be present."""
         import mindspore as ms
 
+        from mindspore_relaygr.model.hstu import ASSEMBLED
+
         params = ms.load_checkpoint(str(path))
         missing, _ = ms.load_param_into_net(self.net, params, strict_load=True)
+        missing = [name for name in missing if not name.endswith(ASSEMBLED)]
         if missing:
             raise ValueError(f"checkpoint {path} lacks parameters {missing[:5]}")
+        self.net.assemble_weights()
+
+    def refresh_weights(self) -> None:
+        """Call after changing `net`'s parameters in place (training steps, set_data): the inference graphs
+        read an assembled copy of each layer's W1 (`HSTULayer.assemble_weights`)."""
+        self.net.assemble_weights()
 
     # ------------------------------------------------------------------ internals
     def _resolve_fused(self) -> bool:
@@ -308,7 +320,7 @@ class RelayGRModel:
             if mode:
                 raise RuntimeError("model.fused_kernels=true but the fused CPU kernels could not be built")
             return False
-        self.net.rab.enable_fused(ops)
+        self.net.enable_fused(ops)
         return True
 
     def _call(self, kind: str, *arrays: np.ndarray) -> np.ndarray:

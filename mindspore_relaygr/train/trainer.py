@@ -191,6 +191,7 @@ class Trainer:
         """HR@10 / NDCG@10 / MRR / AUC of the current weights on the validation set (via rank_full)."""
         from mindspore_relaygr.train.evaluate import evaluate_examples, score_full
 
+        self.model.refresh_weights()  # the training steps changed the per-head weights
         return evaluate_examples(score_full(self.model, self.valid_set), len(self.valid_set))
 
     def epoch_cuts(self) -> list[Cut]:
@@ -222,6 +223,7 @@ class Trainer:
             if epoch % self.tc.eval_every == 0 or epoch == self.tc.epochs:
                 self._validate(result, epoch, step, float(np.mean(result.losses[-len(cuts):])))
         result.seconds = time.perf_counter() - t0
+        self.model.refresh_weights()
         self._write_metrics(result)
         return result
 

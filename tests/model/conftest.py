@@ -19,6 +19,7 @@ def randomize_weights(model, seed: int, scale: float = 0.3) -> None:
         if "gamma" in param.name:  # LayerNorm scale
             value = 1.0 + 0.1 * rng.normal(size=shape)
         param.set_data(Tensor(value.astype(np.float32)))
+    model.refresh_weights()
 
 
 @pytest.fixture(scope="module")

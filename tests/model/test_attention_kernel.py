@@ -12,9 +12,12 @@ MASK = TABLE - 1
 
 
 @pytest.fixture(scope="module")
-def attention_op():
+def attention_op(tiny_config_path):
+    from mindspore_relaygr import load_config
     from mindspore_relaygr.model.kernels import load_fused_ops
+    from mindspore_relaygr.runtime import configure_context
 
+    configure_context(load_config(tiny_config_path).context)  # before any op: later models set it otherwise
     ops = load_fused_ops()
     if ops is None or ops.attention is None:
         pytest.fail("the fused attention kernel should build here (g++ and MindSpore's oneDNN are present)")
