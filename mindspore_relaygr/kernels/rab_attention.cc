@@ -187,15 +187,21 @@ void bias_silu_tile(float *__restrict s, int64_t ld, const int32_t *__restrict i
   }
 }
 
-// True when any (row, col) of the tile is visible (not the mask index).
-bool tile_visible(const int32_t *ix, int64_t ix_ld, int64_t rows, int64_t cols, int32_t mask) {
-  for (int64_t r = 0; r < rows; ++r) {
-    int32_t any = 0;
+// 1 + the last column of the tile that any row sees (not the mask index); 0 if it sees none. Causal tiles on
+// the diagonal then run their GEMMs over the visible columns only. Rows are scanned from the last, which
+// sees the most under a causal mask, so a fully visible tile costs one comparison.
+int64_t visible_cols(const int32_t *ix, int64_t ix_ld, int64_t rows, int64_t cols, int32_t mask) {
+  int64_t seen = 0;
+  for (int64_t r = rows - 1; r >= 0 && seen < cols; --r) {
     const int32_t *irow = ix + r * ix_ld;
-    for (int64_t j = 0; j < cols; ++j) any |= static_cast<int32_t>(irow[j] != mask);
-    if (any) return true;
+    for (int64_t j = cols - 1; j >= seen; --j) {
+      if (irow[j] != mask) {
+        seen = j + 1;
+        break;
+      }
+    }
   }
-  return false;
+  return seen;
 }
 
 using SgemmFn = int (*)(char, char, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
@@ -375,10 +381,10 @@ int PointwiseAttention(int nparam, void **params, int *ndims, int64_t **shapes, 
     const int64_t own = std::min(std::max<int64_t>(idx_rows - 1 - q0, 0), qn);
     const int32_t *own_ix = idx + q0 * keys;
     for (int64_t k0 = 0; k0 < keys; k0 += kTileK) {
-      const int64_t kn = std::min(kTileK, keys - k0);
-      const bool visible = (own > 0 && tile_visible(own_ix + k0, keys, own, kn, mask)) ||
-                           (own < qn && tile_visible(shared_ix + k0, 0, 1, kn, mask));
-      if (!visible) continue;
+      int64_t kn = std::min(kTileK, keys - k0);
+      kn = std::max(own > 0 ? visible_cols(own_ix + k0, keys, own, kn, mask) : 0,
+                    own < qn ? visible_cols(shared_ix + k0, 0, 1, kn, mask) : 0);
+      if (kn == 0) continue;
       sgemm('N', 'T', qn, kn, dq, q_scale, qh, qv.row_stride, kh + k0 * kv.row_stride, kv.row_stride, 0.0f,
             scores.data(), kn);
       if (own > 0) bias_silu_tile(scores.data(), kn, own_ix + k0, keys, th, own, kn, mask);
