@@ -130,8 +130,8 @@ class HSTULayer(nn.Cell):
     W1 is one [d, h * (2 dv + 2 dqk)] matmul over all tokens, giving y [n, W] with columns
     U | V | Q | K (head g of V at [h dv + g dv, ...)). The fused attention kernel reads Q, K and V
     from y in place through strided views; the reference ops use head-major copies ([h, n, d]). The
-    parameters stay per head (w_v [h, d, dv], ...), so checkpoints keep their layout; the fused
-    weight is assembled in the graph (it is small).
+    parameters stay per head (w_v [h, d, dv], ...), so checkpoints keep their layout; inference graphs
+    read W1 from a copy assembled once (`assemble_weights`), training and export assemble it in the graph.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
