@@ -31,6 +31,7 @@ from mindspore_relaygr.relay.executor import PREFILL, RANK, DeviceExecutor
 from mindspore_relaygr.relay.latency import LatencyModel
 from mindspore_relaygr.relay.trigger import SequenceAwareTrigger
 from mindspore_relaygr.relay.types import PreinferResult, RankResult
+from mindspore_relaygr.runtime import reserve_host_memory
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,11 @@ class RelayEngine:
         expander = None
         if cfg.expander.enabled:
             expander = DRAMExpander(cfg.expander.dram_bytes, cfg.expander.ttl_s, cfg.expander.spill_policy)
+            # Fault the DRAM tier's memory in now, not one spill at a time on the device thread.
+            seconds = reserve_host_memory(int(cfg.expander.dram_bytes))
+            if seconds:
+                logger.info("reserved %.2f GB of host memory for the DRAM tier in %.1f s",
+                            cfg.expander.dram_bytes / 1e9, seconds)
         self.cache = RelayCache(model, manager, expander, model_version=model.version,
                                 max_suffix_len=cfg.model.max_suffix_len, max_extend_len=cfg.cache.max_extend_len,
                                 max_prefix_len=model.layout.slot_len - self._user_tokens,

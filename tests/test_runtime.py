@@ -1,0 +1,86 @@
+"""Process settings: retained host memory stays in the process after it is freed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import sys
+import numpy as np
+from mindspore_relaygr import runtime
+
+def rss_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+
+retain = sys.argv[1] == "retain"
+if retain:
+    assert runtime.retain_host_memory()
+before = rss_mb()
+block = np.empty(256 << 20, np.uint8)
+block.fill(1)
+del block
+print(round(rss_mb() - before))
+if retain:
+    print(round(runtime.reserve_host_memory(128 << 20), 3))  # within what the heap already holds
+"""
+
+
+def _probe(mode: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True, timeout=120)
+    return out.stdout.split()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc behaviour")
+def test_freed_block_stays_resident_only_when_retained():
+    retained = _probe("retain")
+    assert int(retained[0]) >= 200, "a freed 256 MB block should stay in the process"
+    assert float(retained[1]) >= 0.0
+    assert int(_probe("default")[0]) < 100, "without retention glibc unmaps a freed 256 MB block"
+
+
+def test_reserve_is_a_no_op_without_retention():
+    from mindspore_relaygr import runtime
+
+    if runtime._retaining:  # another test configured MindSpore in this process: reservation is real
+        pytest.skip("retention already enabled in this process")
+    assert runtime.reserve_host_memory(1 << 30) == 0.0
+
+
+THREAD_PROBE = """
+import threading
+import numpy as np
+from mindspore_relaygr import runtime
+
+def rss_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+
+assert runtime.retain_host_memory()
+runtime.reserve_host_memory(256 << 20)  # on the main thread
+before = rss_mb()
+kept = []
+def work():  # like the device thread making slot copies
+    for _ in range(8):
+        block = np.empty(16 << 20, np.uint8)
+        block.fill(1)
+        kept.append(block)
+t = threading.Thread(target=work)
+t.start()
+t.join()
+print(round(rss_mb() - before))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc behaviour")
+def test_another_thread_reuses_memory_reserved_on_the_main_thread():
+    out = subprocess.run([sys.executable, "-c", THREAD_PROBE], capture_output=True, text=True, check=True,
+                         timeout=120)
+    grown = int(out.stdout.split()[0])
+    assert grown < 64, f"128 MB of copies on a worker thread grew RSS by {grown} MB: not from the reservation"
+
