@@ -27,11 +27,17 @@
 
 namespace {
 
+// Threads a kernel may use: the hardware's, or RELAYGR_KERNEL_THREADS (at least 1).
+int64_t kernel_threads() {
+  const char *env = std::getenv("RELAYGR_KERNEL_THREADS");
+  if (env != nullptr) return std::max(1, std::atoi(env));
+  const int64_t hw = static_cast<int64_t>(std::thread::hardware_concurrency());
+  return hw > 0 ? hw : 1;
+}
+
 template <typename F>
 void parallel_rows(int64_t rows, int64_t work_per_row, F fn) {
-  const int64_t hw = static_cast<int64_t>(std::thread::hardware_concurrency());
-  int64_t threads = hw > 0 ? hw : 1;
-  if (std::getenv("RELAYGR_KERNEL_THREADS")) threads = std::atoi(std::getenv("RELAYGR_KERNEL_THREADS"));
+  int64_t threads = kernel_threads();
   const int64_t min_work = 1 << 16;  // below this a thread costs more than it saves
   if (threads > rows) threads = rows;
   if (threads > 1 && rows * work_per_row < min_work * threads) threads = std::max<int64_t>(1, rows * work_per_row / min_work);
@@ -211,10 +217,7 @@ std::atomic<SgemmFn> g_sgemm{nullptr};
 // Work items are handed out one at a time: causal tiles differ in cost, so a static split would idle a core.
 template <typename F>
 void parallel_items(int64_t items, F fn) {
-  const int64_t hw = static_cast<int64_t>(std::thread::hardware_concurrency());
-  int64_t threads = hw > 0 ? hw : 1;
-  if (std::getenv("RELAYGR_KERNEL_THREADS")) threads = std::atoi(std::getenv("RELAYGR_KERNEL_THREADS"));
-  threads = std::max<int64_t>(1, std::min(threads, items));
+  const int64_t threads = std::min(kernel_threads(), std::max<int64_t>(items, 1));
   std::atomic<int64_t> next{0};
   auto worker = [&]() {
     for (int64_t i = next.fetch_add(1); i < items; i = next.fetch_add(1)) fn(i);
@@ -407,9 +410,7 @@ namespace {
 
 // Row tiles of about 64 rows, as many per thread: [start, end) of tile t of `tiles`.
 int64_t row_tiles(int64_t rows) {
-  const int64_t hw = static_cast<int64_t>(std::thread::hardware_concurrency());
-  int64_t threads = hw > 0 ? hw : 1;
-  if (std::getenv("RELAYGR_KERNEL_THREADS")) threads = std::max(1, std::atoi(std::getenv("RELAYGR_KERNEL_THREADS")));
+  const int64_t threads = kernel_threads();
   const int64_t per_thread = (rows + 64 * threads - 1) / (64 * threads);
   return std::max<int64_t>(1, std::min(rows, threads * per_thread));
 }

@@ -179,15 +179,18 @@ class HSTULayer(nn.Cell):
         Inference graphs then skip the per-call transposes and concats (about 1 ms per ranking request at
         d=256, 4 layers); call it again whenever the per-head parameters change.
         """
-        def columns(w: Parameter, b: Parameter) -> tuple[np.ndarray, np.ndarray]:
-            h, d, e = w.shape
-            return w.asnumpy().transpose(1, 0, 2).reshape(d, h * e), b.asnumpy().reshape(h * e)
+        w, b = self._per_head_w1()  # run eagerly, once
+        self.w1_assembled.set_data(w)
+        self.b1_assembled.set_data(b)
 
-        parts = [(self.w_u.weight.asnumpy().T, self.w_u.bias.asnumpy()), columns(self.w_v, self.b_v),
-                 columns(self.w_q, self.b_q), columns(self.w_k, self.b_k),
-                 (self.pad_weight.asnumpy(), self.pad_bias.asnumpy())]
-        self.w1_assembled.set_data(Tensor(np.ascontiguousarray(np.concatenate([w for w, _ in parts], axis=1))))
-        self.b1_assembled.set_data(Tensor(np.concatenate([b for _, b in parts])))
+    def _per_head_w1(self) -> tuple[Tensor, Tensor]:
+        """W1 [d, W] and b1 [W] built from the per-head parameters (columns U | V | Q | K | padding)."""
+        wv, bv = self._columns(self.w_v, self.b_v)
+        wq, bq = self._columns(self.w_q, self.b_q)
+        wk, bk = self._columns(self.w_k, self.b_k)
+        w = ops.concat((ops.transpose(self.w_u.weight, (1, 0)), wv, wq, wk, self.pad_weight), axis=1)
+        b = ops.concat((self.w_u.bias, bv, bq, bk, self.pad_bias))
+        return w, b
 
     def project(self, x: Tensor, assembled: bool = False) -> Tensor:
         """x [n, d] -> y = SiLU(W1 x + b1) [n, W], columns U | V | Q | K | padding.
@@ -199,11 +202,7 @@ class HSTULayer(nn.Cell):
             if self.project_op is not None:
                 return self.project_op(x, self.w1_assembled, self.b1_assembled)
             return ops.silu(ops.bias_add(ops.matmul(x, self.w1_assembled), self.b1_assembled))
-        wv, bv = self._columns(self.w_v, self.b_v)
-        wq, bq = self._columns(self.w_q, self.b_q)
-        wk, bk = self._columns(self.w_k, self.b_k)
-        w = ops.concat((ops.transpose(self.w_u.weight, (1, 0)), wv, wq, wk, self.pad_weight), axis=1)
-        b = ops.concat((self.w_u.bias, bv, bq, bk, self.pad_bias))
+        w, b = self._per_head_w1()
         return ops.silu(ops.bias_add(ops.matmul(x, w), b))
 
     def part(self, y: Tensor, name: str) -> Tensor:
