@@ -72,6 +72,7 @@ class RelayCache:
         self._flushing = False
         self.extended_tokens = 0
         self.promotions = 0  # DRAM copies reloaded ahead of their rank (at pre-infer time)
+        self.spills = 0  # evicted slots copied to DRAM
         manager.on_evict = self._on_evict
 
     # ----------------------------------------------------------------- pre-infer
@@ -198,7 +199,7 @@ class RelayCache:
 
     def stats(self) -> dict[str, Any]:
         out = {"tiers": dict(self.tier_counts), "extended_tokens": self.extended_tokens, "promotions": self.promotions,
-               "device": self.manager.stats()}
+               "spills": self.spills, "device": self.manager.stats()}
         if self.expander is not None:
             out["dram"] = self.expander.stats()
         return out
@@ -269,6 +270,7 @@ class RelayCache:
         spill = self.expander is not None and not self._flushing and self.expander.should_spill(was_used)
         if spill and not self.expander.contains(key):
             self.expander.put(key, self.store.export_slot(slot))
+            self.spills += 1
         self.store.release_slot(slot)
         if self.on_evicted is not None:
             self.on_evicted(key)

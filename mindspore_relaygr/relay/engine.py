@@ -57,15 +57,21 @@ class _InflightPrefill:
         return sum(self.chunk_ms[self.chunks_done:])
 
 
+# Yielded by a prefill after the step that spilled an evicted slot to DRAM: a device step of its
+# own (ranks queued behind it run before the first chunk), but not a chunk of the prefill.
+SPILLED = "spilled"
+
+
 def _counting(steps, record: _InflightPrefill):
-    """Run `steps`, counting each step done in `record` (its remaining time shrinks)."""
+    """Run `steps`, counting each chunk done in `record` (its remaining time shrinks)."""
     while True:
         try:
-            next(steps)
+            done = next(steps)
         except StopIteration as stop:
             record.chunks_done = len(record.chunk_ms)
             return stop.value
-        record.chunks_done += 1
+        if done is not SPILLED:
+            record.chunks_done += 1
         yield
 
 
@@ -168,13 +174,17 @@ class RelayEngine:
         record.future.add_done_callback(lambda f, u=user_id, k=key: self._prefill_done(u, k, f))
 
     def _prefill_steps(self, user_id: str, hist: History, key: CacheKey):
-        """Device thread: reserve a slot and prefill in chunks, yielding between chunks."""
+        """Device thread: reserve a slot and prefill in chunks, yielding between chunks (and after
+        a spill: copying a long evicted prefix to DRAM costs about as much as a chunk)."""
+        spills = self.cache.spills
         lease = self.cache.reserve(user_id, hist)
         if lease is None:
             self.trigger.on_dropped(ready=False)
             self.counters["prefill_no_slot"] += 1
             return False
         try:
+            if self.cache.spills != spills:
+                yield SPILLED
             for cached in self.model.prefill_steps(lease.slot, hist, self.config.trigger.prefill_chunk_len):
                 self.counters["prefill_chunks"] += 1
                 if cached < len(hist):

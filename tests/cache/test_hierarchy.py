@@ -85,12 +85,12 @@ def test_eviction_spills_and_a_later_rank_reloads_into_a_free_slot():
     a, b = make_history(rng, 10), make_history(rng, 12)
     cache.prefill("a", a)
     cache.prefill("b", b)  # evicts a (LRU) -> spilled to DRAM
-    assert store.calls.count("export") == 1
+    assert store.calls.count("export") == 1 and cache.spills == 1
     scores, tier = cache.rank("a", a, [1, 2])  # reload a, evicting b (spilled too)
     assert tier == "dram" and np.array_equal(scores, store.rank_full(a, [1, 2]))
     assert store.calls.count("import") == 1
     assert cache.rank("a", a, [1])[1] == "device"
-    assert cache.stats()["tiers"] == {"dram": 1, "device": 1}
+    assert cache.stats()["tiers"] == {"dram": 1, "device": 1} and cache.stats()["spills"] == 2
 
 
 def test_promote_reloads_a_dram_copy_ahead_of_the_rank_without_counting_a_lookup():

@@ -179,6 +179,24 @@ def test_a_preinfer_that_finds_the_prefix_in_dram_reloads_it_before_the_rank(mak
     np.testing.assert_allclose(res.scores, expected(model, eng, users["p0"], cands), atol=TOL, rtol=0)
 
 
+def test_a_prefill_that_spills_an_evicted_slot_does_it_in_a_device_step_of_its_own(make_engine, model):
+    eng = make_engine()
+    users = {f"s{i}": hist(80 + i, 100) for i in range(5)}  # one more user than the 4 slots
+    chunks = -(-100 // 32)  # 4 chunks of 32 events (the tiny model has a user token: 101 tokens)
+    cands = np.arange(1, 11)
+    for user, h in users.items():
+        assert eng.preinfer(user, h, num_candidates=10).admitted
+        eng.wait_prefills(60)
+        assert eng.rank(user, h, cands).cache == "device"  # consumed: the trigger's footprint stays small
+    steps = eng.stats()["device_steps"]["prefill_chunk"]["steps"]
+    assert eng.cache.spills == 1 and eng.counters["prefill_chunks"] == 5 * chunks
+    assert steps == 5 * chunks + 1  # the fifth prefill: one spill step, then its chunks
+    s0 = validate_history(model.cfg, users["s0"])
+    assert eng.cache.locate("s0", s0)[0] == "dram"
+    res = eng.rank("s0", users["s0"], cands)
+    np.testing.assert_allclose(res.scores, expected(model, eng, users["s0"], cands), atol=TOL, rtol=0)
+
+
 def test_a_rank_right_after_a_prefetching_preinfer_waits_for_the_copy_instead_of_missing(make_engine, model):
     eng = make_engine()
     users = {f"q{i}": hist(60 + i, 60) for i in range(5)}  # one more user than the 4 slots
