@@ -158,13 +158,26 @@ def cmd_bench_headline(args: argparse.Namespace) -> int:
     from mindspore_relaygr.bench import headline, plots
     from mindspore_relaygr.bench.model_bench import write_report
 
-    cfg = load_config(args.config, [f"trigger.slo_ms={args.slo_ms}", *args.override])
+    fixed_slo = [] if args.slo_ms == "auto" else [f"trigger.slo_ms={args.slo_ms}"]
+    cfg = load_config(args.config, [*fixed_slo, *args.override])
     spec = _headline_spec(args, cfg)
     say = lambda msg: print(f"[bench] {msg}", flush=True)  # noqa: E731
     model, latency = headline.prepare(cfg, say)
+    slo_rule: dict[str, Any] = {"rule": "fixed (--slo-ms)"}
+    if args.slo_ms == "auto":
+        user_tokens = 1 if cfg.model.user_feature_sizes else 0
+        cap = min(args.cap_events, cfg.model.max_seq_len - user_tokens)
+        slo = headline.derive_slo_ms(latency, cap + user_tokens, args.candidates)
+        slo_rule = {"rule": f"{headline.SLO_FACTOR:g} x calibrated full path at the cap, rounded up to 5 ms",
+                    "cap_events": cap, "full_ms_at_cap": latency.predict_full_ms(cap + user_tokens, args.candidates)}
+        cfg = dataclasses.replace(cfg, trigger=dataclasses.replace(cfg.trigger, slo_ms=slo))
+        say(f"SLO {slo:g} ms = {headline.SLO_FACTOR:g} x the full path at the {cap}-event cap "
+            f"({slo_rule['full_ms_at_cap']:.1f} ms, calibrated), rounded up to 5 ms")
+    args.slo_ms = cfg.trigger.slo_ms
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"spec": spec.__dict__, "config": str(args.config)}
+    report: dict[str, Any] = {"spec": spec.__dict__, "config": str(args.config), "slo_ms": args.slo_ms,
+                              "slo_rule": slo_rule}
     if args.bench == "slo-throughput":
         res = headline.slo_throughput(cfg, model, latency, spec, args.loads, args.slo_ms, args.time_limit, say)
         report["slo_throughput"] = res
@@ -184,11 +197,26 @@ def cmd_bench_headline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _slo_arg(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--slo-ms {text!r}: expected a number of ms or 'auto'") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--slo-ms {text!r}: must be > 0")
+    return value
+
+
 def _add_headline_args(parser: argparse.ArgumentParser, default_out: str, median_len: int, max_len: int,
                        requests: int = 80, users: int = 60, time_limit: float = 90.0) -> None:
     _add_config_args(parser, "bench_long.yaml")
-    parser.add_argument("--slo-ms", type=float, default=150.0,
-                        help="ranking P99 budget (default: bench_long's trigger.slo_ms; see the model-zoo README)")
+    parser.add_argument("--slo-ms", type=_slo_arg, default="auto",
+                        help="ranking P99 budget in ms, or 'auto' (default): twice the calibrated full-path "
+                             "latency at --cap-events, rounded up to 5 ms (see the model-zoo README)")
+    parser.add_argument("--cap-events", type=int, default=1536,
+                        help="production length cap of full inference, for --slo-ms auto")
     parser.add_argument("--requests", type=int, default=requests, help="requests per point and mode")
     parser.add_argument("--users", type=int, default=users)
     parser.add_argument("--median-len", type=int, default=median_len)

@@ -11,6 +11,7 @@ each point run back to back, alternating which goes first, on one model and one 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -22,6 +23,42 @@ from mindspore_relaygr.config import RelayGRConfig
 
 Progress = Callable[[str], None]
 ABLATIONS = ("full", "no_trigger", "no_expander")
+SLO_FACTOR = 2.0  # the budget leaves the full path at the production cap as much again for queueing
+SLO_SCALES = (0.6, 0.8, 1.0, 1.25, 1.5, 2.0)  # budgets around the run's SLO in the sensitivity table
+
+
+def derive_slo_ms(latency: Any, cap_tokens: int, num_candidates: int, factor: float = SLO_FACTOR,
+                  step_ms: float = 5.0) -> float:
+    """The default ranking budget: `factor` x the calibrated (unloaded) full-path latency of a request
+    at the production length cap, rounded up to `step_ms`.
+
+    The budget then follows the machine and the model: a faster full path gives a tighter budget
+    instead of a stale constant that every length fits."""
+    if factor <= 0 or step_ms <= 0:
+        raise ValueError(f"factor={factor}, step_ms={step_ms}: both must be > 0")
+    full_ms = latency.predict_full_ms(cap_tokens, num_candidates)
+    return math.ceil(factor * full_ms / step_ms) * step_ms
+
+
+def best_by_slo(points: list[dict[str, Any]], axis: str, slos: list[float]) -> list[dict[str, Any]]:
+    """For each budget, each mode's highest `axis` value (QPS or length) with P99 <= budget and no
+    errors, from the same measured points, and the relay/baseline ratio."""
+    rows = []
+    for slo in slos:
+        best = {m: max((p[axis] for p in points if p["mode"] == m and complies(p, slo)), default=0)
+                for m in ("baseline", "relay")}
+        rows.append({"slo_ms": slo, **best, "ratio": _ratio(best)})
+    return rows
+
+
+def _ratio(best: dict[str, float]) -> float:
+    if best["baseline"]:
+        return best["relay"] / best["baseline"]
+    return float("inf") if best["relay"] else float("nan")
+
+
+def _slo_grid(slo_ms: float) -> list[float]:
+    return sorted({round(slo_ms * scale / 5.0) * 5.0 for scale in SLO_SCALES} - {0.0})
 
 
 def prepare(config: RelayGRConfig, progress: Progress) -> tuple[Any, Any]:
@@ -79,8 +116,8 @@ def slo_throughput(config: RelayGRConfig, model: Any, latency: Any, spec: Worklo
                      f"longest device step {longest_step(s)}")
     best = {m: max((p["qps"] for p in points if p["mode"] == m and p["complies"]), default=0.0)
             for m in ("baseline", "relay")}
-    ratio = best["relay"] / best["baseline"] if best["baseline"] else float("inf") if best["relay"] else float("nan")
-    return {"slo_ms": slo_ms, "points": points, "compliant_qps": best, "ratio": ratio}
+    return {"slo_ms": slo_ms, "points": points, "compliant_qps": best, "ratio": _ratio(best),
+            "by_slo": best_by_slo(points, "qps", _slo_grid(slo_ms))}
 
 
 def max_seq(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec, lengths: list[int], qps: float,
@@ -98,8 +135,8 @@ def max_seq(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec,
                      f"longest device step {longest_step(s)}")
     best = {m: max((p["length"] for p in points if p["mode"] == m and p["complies"]), default=0)
             for m in ("baseline", "relay")}
-    ratio = best["relay"] / best["baseline"] if best["baseline"] else float("inf") if best["relay"] else float("nan")
-    return {"slo_ms": slo_ms, "qps": qps, "points": points, "max_len": best, "ratio": ratio}
+    return {"slo_ms": slo_ms, "qps": qps, "points": points, "max_len": best, "ratio": _ratio(best),
+            "by_slo": best_by_slo(points, "length", _slo_grid(slo_ms))}
 
 
 def ablation(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec, slo_ms: float,
@@ -130,7 +167,8 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"{qps:>6g} | {b['p99_ms']:>12.0f} {'y' if b['complies'] else 'n':>3} | "
                          f"{x['p99_ms']:>9.0f} {'y' if x['complies'] else 'n':>3} | {x['hit_rate']:.2f}")
         c = r["compliant_qps"]
-        lines += [f"compliant QPS: baseline {c['baseline']:g}, relay {c['relay']:g} -> ratio {r['ratio']:.2f}x", ""]
+        lines += [f"compliant QPS: baseline {c['baseline']:g}, relay {c['relay']:g} -> ratio {r['ratio']:.2f}x",
+                  *_by_slo_lines(r, "QPS"), ""]
     if "max_seq" in report:
         r = report["max_seq"]
         lines += [f"Longest sequence at {r['qps']:g} QPS with P99 <= {r['slo_ms']:g} ms",
@@ -141,7 +179,8 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"{length:>7} | {b['p99_ms']:>12.0f} {'y' if b['complies'] else 'n':>3} | "
                          f"{x['p99_ms']:>9.0f} {'y' if x['complies'] else 'n':>3}")
         m = r["max_len"]
-        lines += [f"longest: baseline {m['baseline']}, relay {m['relay']} -> ratio {r['ratio']:.2f}x", ""]
+        lines += [f"longest: baseline {m['baseline']}, relay {m['relay']} -> ratio {r['ratio']:.2f}x",
+                  *_by_slo_lines(r, "events"), ""]
     if "ablation" in report:
         lines += ["Ablation (relay with one mechanism off)",
                   f"{'variant':>12} | {'p50':>5} {'p99':>6} | {'hit rate':>8} | {'wasted':>6} | tiers"]
@@ -149,3 +188,13 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"{row['variant']:>12} | {row['p50_ms']:>5.0f} {row['p99_ms']:>6.0f} | "
                          f"{row['hit_rate']:>8.2f} | {row['wasted_prefills']:>6} | {row['tiers']}")
     return "\n".join(lines)
+
+
+def _by_slo_lines(result: dict[str, Any], unit: str) -> list[str]:
+    rows = result.get("by_slo") or []
+    if not rows:
+        return []
+    lines = [f"same points judged at other budgets (the trigger ran with {result['slo_ms']:g} ms):",
+             f"{'SLO ms':>7} | {'baseline':>8} | {'relay':>8} | ratio ({unit})"]
+    lines += [f"{r['slo_ms']:>7g} | {r['baseline']:>8g} | {r['relay']:>8g} | {r['ratio']:.2f}x" for r in rows]
+    return lines

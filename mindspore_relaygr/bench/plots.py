@@ -20,7 +20,9 @@ def _pyplot():
 def plot_slo_throughput(result: dict[str, Any], path: Path) -> None:
     """P99 ranking latency vs offered QPS for both modes, with the SLO line."""
     plt = _pyplot()
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    by_slo = bool(result.get("by_slo"))
+    fig, axes = plt.subplots(1, 3 if by_slo else 2, figsize=(16 if by_slo else 11, 4))
+    ax, bx = axes[0], axes[1]
     for mode, style in (("baseline", "o-"), ("relay", "s-")):
         pts = sorted((p["qps"], p["p99_ms"]) for p in result["points"] if p["mode"] == mode)
         ax.plot([q for q, _ in pts], [v for _, v in pts], style, label=f"{mode} (compliant up to "
@@ -37,6 +39,8 @@ def plot_slo_throughput(result: dict[str, Any], path: Path) -> None:
         bottom = [b + s for b, s in zip(bottom, share, strict=True)]
     bx.set(xlabel="offered load (QPS)", ylabel="share of ranks", title="relay: where ranks were served from")
     bx.legend(fontsize=8)
+    if by_slo:
+        _plot_by_slo(axes[2], result, "SLO-compliant QPS")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -45,7 +49,10 @@ def plot_slo_throughput(result: dict[str, Any], path: Path) -> None:
 def plot_max_seq(result: dict[str, Any], path: Path) -> None:
     """P99 vs history length for both modes (SLO line) and the longest compliant length."""
     plt = _pyplot()
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]})
+    by_slo = bool(result.get("by_slo"))
+    fig, axes = plt.subplots(1, 3 if by_slo else 2, figsize=(16 if by_slo else 11, 4),
+                             gridspec_kw={"width_ratios": [2, 1, 1.5] if by_slo else [2, 1]})
+    ax, bx = axes[0], axes[1]
     for mode, style in (("baseline", "o-"), ("relay", "s-")):
         pts = sorted((p["length"], p["p99_ms"]) for p in result["points"] if p["mode"] == mode)
         ax.plot([n for n, _ in pts], [v for _, v in pts], style, label=mode)
@@ -56,9 +63,21 @@ def plot_max_seq(result: dict[str, Any], path: Path) -> None:
     modes = ["baseline", "relay"]
     bx.bar(modes, [result["max_len"][m] for m in modes], color=["tab:blue", "tab:orange"])
     bx.set(ylabel="longest length with P99 <= SLO", title=f"longest sequence: {result['ratio']:.2f}x")
+    if by_slo:
+        _plot_by_slo(axes[2], result, "longest compliant length (events)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _plot_by_slo(ax: Any, result: dict[str, Any], ylabel: str) -> None:
+    """Each mode's best compliant value when the same points are judged at other budgets."""
+    rows = result["by_slo"]
+    for mode, style in (("baseline", "o-"), ("relay", "s-")):
+        ax.plot([r["slo_ms"] for r in rows], [r[mode] for r in rows], style, label=mode)
+    ax.axvline(result["slo_ms"], color="red", linestyle="--", label=f"run's SLO {result['slo_ms']:g} ms")
+    ax.set(xlabel="P99 budget (ms)", ylabel=ylabel, title="same points, other budgets")
+    ax.legend(fontsize=8)
 
 
 def plot_ablation(rows: list[dict[str, Any]], slo_ms: float, path: Path) -> None:

@@ -154,7 +154,9 @@ def test_bench_slo_throughput_with_ablation_and_plots(tmp_path):
                 "slo-throughput",
                 *HEADLINE,
                 "--slo-ms",
-                "1",
+                "auto",
+                "--cap-events",
+                "40",
                 "--loads",
                 "10",
                 "20",
@@ -166,6 +168,11 @@ def test_bench_slo_throughput_with_ablation_and_plots(tmp_path):
         == 0
     )
     res = json.loads(out.read_text())
+    rule, slo = res["slo_rule"], res["slo_throughput"]["slo_ms"]
+    assert rule["cap_events"] == 40 and slo == res["slo_ms"]
+    assert slo >= 2 * rule["full_ms_at_cap"] > slo - 5 and slo % 5 == 0  # 2x the calibrated cap, rounded up
+    assert [r["slo_ms"] for r in res["slo_throughput"]["by_slo"]] == sorted({round(slo * k / 5) * 5 for k in (
+        0.6, 0.8, 1.0, 1.25, 1.5, 2.0)})
     assert {p["mode"] for p in res["slo_throughput"]["points"]} == {"baseline", "relay"}
     assert [r["variant"] for r in res["ablation"]] == ["full", "no_trigger", "no_expander"]
     assert (tmp_path / "slo.png").stat().st_size > 0 and (tmp_path / "slo_ablation.png").stat().st_size > 0
