@@ -31,6 +31,10 @@ from mindspore_relaygr.model.inputs import History
 logger = logging.getLogger(__name__)
 
 TIERS = ("device", "dram", "partial", "inflight", "miss")
+# Yielded by step generators (prefill, promote) right after a step that spilled an evicted slot to
+# DRAM: the copy of a long prefix costs about a chunk, so it is a device step of its own, and ranks
+# queued behind it run before the next chunk. It is not a chunk or a copied layer.
+SPILLED = "spilled"
 
 
 class SlotStore(Protocol):
@@ -173,10 +177,13 @@ class RelayCache:
         payload = self.expander.get(key)
         if payload is None or not self.reload_is_cheaper(payload.nbytes, key.prefix_len):
             return False
+        spills = self.spills
         lease = self.manager.allocate(key)
         if lease is None:
             return False  # every slot is pinned or reserved
         try:
+            if self.spills != spills:
+                yield SPILLED
             yield from self.store.import_slot_steps(lease.slot, payload)
         except BaseException:
             self.abort(lease)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from mindspore_relaygr.cache.host_arena import HostArena, shared_arena
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.errors import InvalidRequest
 from mindspore_relaygr.model.call_stats import GraphCallStats
@@ -83,6 +84,7 @@ class RelayGRModel:
         self._slot_times: dict[int, np.ndarray] = {}  # host mirror: timestamps of each slot's tokens
         self._tensor = ms.Tensor
         self.call_stats = GraphCallStats()
+        self.host_arena: HostArena | None = None  # where export_slot puts its copies (else np.empty)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -184,6 +186,16 @@ class RelayGRModel:
         held = len(self._slot_times.get(slot, ()))
         return max(0, held - self._user_tokens)
 
+    def ensure_host_arena(self, nbytes: int) -> float:
+        """Give slot copies (`export_slot`) a pre-touched host arena of at least `nbytes` (the DRAM
+        tier's budget), one per process. Returns the seconds spent touching it (0 if it existed)."""
+        self.host_arena, seconds = shared_arena(nbytes)
+        return seconds
+
+    def _host_empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        out = None if self.host_arena is None else self.host_arena.empty(shape)
+        return np.empty(shape, np.float32) if out is None else out
+
     def export_slot(self, slot: int) -> SlotCopy:
         """Copy the valid tokens of `slot` to host memory (the device copy stays)."""
         self.layout.check_slot(slot)
@@ -196,8 +208,11 @@ class RelayGRModel:
         t0 = time.perf_counter()
         keys, values, hi, lo = self._graphs["read_slot"](self._tensor(kv_ids), self._tensor(time_ids))
         # The gather copies the bucket; host memory keeps only the valid tokens.
-        keys = np.stack([k.asnumpy()[:, :count] for k in keys])
-        values = np.stack([v.asnumpy()[:, :count] for v in values])
+        lay = self.layout
+        keys = np.stack([k.asnumpy()[:, :count] for k in keys],
+                        out=self._host_empty((lay.num_layers, lay.num_heads, count, lay.d_qk)))
+        values = np.stack([v.asnumpy()[:, :count] for v in values],
+                          out=self._host_empty((lay.num_layers, lay.num_heads, count, lay.d_v)))
         self.call_stats.record("read_slot", [kv_ids.shape, time_ids.shape], (time.perf_counter() - t0) * 1e3)
         return SlotCopy(keys, values, hi.asnumpy()[:count].copy(), lo.asnumpy()[:count].copy(), times.copy())
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from mindspore_relaygr.cache import DRAMExpander, KVCacheManager
-from mindspore_relaygr.cache.hierarchy import CacheHit, RelayCache
+from mindspore_relaygr.cache.hierarchy import SPILLED, CacheHit, RelayCache
 from mindspore_relaygr.cache.keys import CacheKey
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.errors import Overloaded
@@ -31,7 +31,6 @@ from mindspore_relaygr.relay.executor import PREFILL, RANK, DeviceExecutor
 from mindspore_relaygr.relay.latency import LatencyModel
 from mindspore_relaygr.relay.trigger import SequenceAwareTrigger
 from mindspore_relaygr.relay.types import PreinferResult, RankResult
-from mindspore_relaygr.runtime import reserve_host_memory
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +54,6 @@ class _InflightPrefill:
 
     def remaining_ms(self) -> float:
         return sum(self.chunk_ms[self.chunks_done:])
-
-
-# Yielded by a prefill after the step that spilled an evicted slot to DRAM: a device step of its
-# own (ranks queued behind it run before the first chunk), but not a chunk of the prefill.
-SPILLED = "spilled"
 
 
 def _counting(steps, record: _InflightPrefill):
@@ -89,9 +83,9 @@ class RelayEngine:
         if cfg.expander.enabled:
             expander = DRAMExpander(cfg.expander.dram_bytes, cfg.expander.ttl_s, cfg.expander.spill_policy)
             # Fault the DRAM tier's memory in now, not one spill at a time on the device thread.
-            seconds = reserve_host_memory(int(cfg.expander.dram_bytes))
+            seconds = model.ensure_host_arena(int(cfg.expander.dram_bytes))
             if seconds:
-                logger.info("reserved %.2f GB of host memory for the DRAM tier in %.1f s",
+                logger.info("touched a %.2f GB host arena for the DRAM tier in %.1f s",
                             cfg.expander.dram_bytes / 1e9, seconds)
         self.cache = RelayCache(model, manager, expander, model_version=model.version,
                                 max_suffix_len=cfg.model.max_suffix_len, max_extend_len=cfg.cache.max_extend_len,

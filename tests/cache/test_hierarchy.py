@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mindspore_relaygr.cache import DRAMExpander, KVCacheManager
-from mindspore_relaygr.cache.hierarchy import RelayCache
+from mindspore_relaygr.cache.hierarchy import SPILLED, RelayCache
 from mindspore_relaygr.model.inputs import History
 from tests.cache.fake_store import FakeStore
 
@@ -118,6 +118,8 @@ def test_a_stepped_promotion_reads_as_in_flight_until_its_last_step():
     for user, h in (("a", a), ("b", b), ("c", c)):
         cache.prefill(user, h)  # a -> DRAM
     steps = cache.promote_steps("a", a)
+    assert next(steps) == SPILLED and cache.spills == 2  # making room spilled b: a step of its own
+    assert cache.locate("b", b)[0] == "dram"
     assert next(steps) == 1  # first of the fake store's two copy steps
     assert cache.locate("a", a)[0] == "inflight"
     assert cache.rank("a", a, [1]) is None  # nobody uses (or reloads) a half-written slot

@@ -25,6 +25,7 @@ def model():
 
     m = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=2"]))
     randomize_weights(m, seed=5)
+    m.ensure_host_arena(32 << 20)  # spills land in the arena: every reload below reads arena memory
     return m
 
 
@@ -54,6 +55,10 @@ def test_tiers_on_the_real_model(model):
                                model.rank_full(full.slice(0, 70), cands), atol=TOL, rtol=0)
     cache.prefill("b", b)
     cache.prefill("c", c)  # 2 slots: a is evicted and spilled
+    spilled = cache.expander.get(cache.locate("a", a)[1])
+    assert np.shares_memory(spilled.keys, model.host_arena._buffer)
+    assert np.shares_memory(spilled.values, model.host_arena._buffer)
+    del spilled
     scores, tier = cache.rank("a", full.slice(0, 60), cands)
     assert tier == "dram"
     np.testing.assert_allclose(scores, model.rank_full(full.slice(0, 60), cands), atol=TOL, rtol=0)

@@ -216,7 +216,9 @@ def test_a_rank_right_after_a_prefetching_preinfer_waits_for_the_copy_instead_of
         res = ranked.result(60)
     assert res.cache == "inflight" and eng.counters["dram_prefetches"] == 1  # waited for the copy
     assert eng.cache.stats()["dram"]["reloads"] == 1  # copied once, by the prefetch
-    assert eng.executor.step_stats()["dram_prefetch"]["steps"] == model.layout.num_layers  # a layer per step
+    # The pool was full: making room spilled another user (a step of its own), then a layer per step.
+    assert eng.cache.spills == 2
+    assert eng.executor.step_stats()["dram_prefetch"]["steps"] == 1 + model.layout.num_layers
     np.testing.assert_allclose(res.scores, expected(model, eng, users["q0"], cands), atol=TOL, rtol=0)
 
 
