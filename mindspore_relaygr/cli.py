@@ -163,31 +163,30 @@ def cmd_bench_headline(args: argparse.Namespace) -> int:
     spec = _headline_spec(args, cfg)
     say = lambda msg: print(f"[bench] {msg}", flush=True)  # noqa: E731
     model, latency = headline.prepare(cfg, say)
-    slo_rule: dict[str, Any] = {"rule": "fixed (--slo-ms)"}
+    slo_ms, slo_rule = cfg.trigger.slo_ms, {"rule": "fixed (--slo-ms)"}
     if args.slo_ms == "auto":
         user_tokens = 1 if cfg.model.user_feature_sizes else 0
         cap = min(args.cap_events, cfg.model.max_seq_len - user_tokens)
-        slo = headline.derive_slo_ms(latency, cap + user_tokens, args.candidates)
+        slo_ms = headline.derive_slo_ms(latency, cap + user_tokens, args.candidates)
         slo_rule = {"rule": f"{headline.SLO_FACTOR:g} x calibrated full path at the cap, rounded up to 5 ms",
                     "cap_events": cap, "full_ms_at_cap": latency.predict_full_ms(cap + user_tokens, args.candidates)}
-        cfg = dataclasses.replace(cfg, trigger=dataclasses.replace(cfg.trigger, slo_ms=slo))
-        say(f"SLO {slo:g} ms = {headline.SLO_FACTOR:g} x the full path at the {cap}-event cap "
+        cfg = dataclasses.replace(cfg, trigger=dataclasses.replace(cfg.trigger, slo_ms=slo_ms))
+        say(f"SLO {slo_ms:g} ms = {headline.SLO_FACTOR:g} x the full path at the {cap}-event cap "
             f"({slo_rule['full_ms_at_cap']:.1f} ms, calibrated), rounded up to 5 ms")
-    args.slo_ms = cfg.trigger.slo_ms
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"spec": spec.__dict__, "config": str(args.config), "slo_ms": args.slo_ms,
+    report: dict[str, Any] = {"spec": spec.__dict__, "config": str(args.config), "slo_ms": slo_ms,
                               "slo_rule": slo_rule}
     if args.bench == "slo-throughput":
-        res = headline.slo_throughput(cfg, model, latency, spec, args.loads, args.slo_ms, args.time_limit, say)
+        res = headline.slo_throughput(cfg, model, latency, spec, args.loads, slo_ms, args.time_limit, say)
         report["slo_throughput"] = res
         plots.plot_slo_throughput(res, out.with_suffix(".png"))
         if args.ablation:
             abl_spec = dataclasses.replace(spec, qps=args.ablation_qps)
-            report["ablation"] = headline.ablation(cfg, model, latency, abl_spec, args.slo_ms, args.time_limit, say)
-            plots.plot_ablation(report["ablation"], args.slo_ms, out.with_name(out.stem + "_ablation.png"))
+            report["ablation"] = headline.ablation(cfg, model, latency, abl_spec, slo_ms, args.time_limit, say)
+            plots.plot_ablation(report["ablation"], slo_ms, out.with_name(out.stem + "_ablation.png"))
     else:
-        res = headline.max_seq(cfg, model, latency, spec, args.lengths, args.qps, args.slo_ms, args.time_limit, say)
+        res = headline.max_seq(cfg, model, latency, spec, args.lengths, args.qps, slo_ms, args.time_limit, say)
         report["max_seq"] = res
         plots.plot_max_seq(res, out.with_suffix(".png"))
     print(headline.format_report(report))

@@ -1,10 +1,10 @@
 """A pre-touched block of host memory that DRAM-tier slot copies are carved from (plain numpy).
 
-Why not `np.empty` per copy: on the VMs we run on, first-touching fresh memory costs ~2.5 ms per MB,
-so a spilled 5120-token slot (42 MB) took 55-130 ms on the device thread whenever malloc handed out
-memory the process had not touched yet, which glibc's heap did often enough, even after a
-reservation, to break the ranking P99 at long lengths. The arena is touched once at start-up and
-its regions are reused, so a copy costs a memcpy.
+On the VMs we run on, first-touching fresh memory costs ~2.5 ms per MB, and a spill that lands on
+memory malloc has not handed out before pays it on the device thread. The arena is touched once at
+start-up and its regions are reused, so spills never depend on what malloc does. (It did not make
+the slow 5120-event spills in the engine fast: they stayed at ~94 ms, cause unknown; see the
+model-zoo README.)
 
 A region is given back when the array handed out (and every view of it) is garbage collected, so
 a copy that an in-progress reload still reads can never be overwritten by a new spill.
