@@ -24,20 +24,47 @@ from mindspore_relaygr.config import RelayGRConfig
 Progress = Callable[[str], None]
 ABLATIONS = ("full", "no_trigger", "no_expander")
 SLO_FACTOR = 2.0  # the budget leaves the full path at the production cap as much again for queueing
+CAP_CALLS = 40  # unloaded full-path calls at the cap behind the derived budget
 SLO_SCALES = (0.6, 0.8, 1.0, 1.25, 1.5, 2.0)  # budgets around the run's SLO in the sensitivity table
 
 
-def derive_slo_ms(latency: Any, cap_tokens: int, num_candidates: int, factor: float = SLO_FACTOR,
-                  step_ms: float = 5.0) -> float:
-    """The default ranking budget: `factor` x the calibrated (unloaded) full-path latency of a request
+def derive_slo_ms(full_ms: float, factor: float = SLO_FACTOR, step_ms: float = 5.0) -> float:
+    """The default ranking budget: `factor` x the (unloaded) full-path latency `full_ms` of a request
     at the production length cap, rounded up to `step_ms`.
 
     The budget then follows the machine and the model: a faster full path gives a tighter budget
     instead of a stale constant that every length fits."""
     if factor <= 0 or step_ms <= 0:
         raise ValueError(f"factor={factor}, step_ms={step_ms}: both must be > 0")
-    full_ms = latency.predict_full_ms(cap_tokens, num_candidates)
+    if not full_ms > 0:
+        raise ValueError(f"full_ms={full_ms}: must be > 0")
     return math.ceil(factor * full_ms / step_ms) * step_ms
+
+
+def time_full_path(model: Any, num_events: int, num_candidates: int, calls: int = CAP_CALLS,
+                   pause_s: float = 0.05) -> dict[str, float]:
+    """Median / p90 / max of `calls` unloaded `rank_full` calls on one `num_events`-event history.
+
+    The short pause between calls keeps them unloaded (back to back they measure a hot loop); the
+    median of many calls, unlike the three-call median of the latency profile, does not move with
+    one slow or fast call."""
+    import numpy as np
+
+    from mindspore_relaygr.model.inputs import synthetic_history
+
+    if calls < 1:
+        raise ValueError(f"calls={calls}: must be >= 1")
+    history = synthetic_history(model.cfg, num_events, seed=num_events)
+    candidates = np.arange(1, num_candidates + 1)
+    model.rank_full(history, candidates)  # the bucket is warm, but the first call after others is not typical
+    times = []
+    for _ in range(calls):
+        time.sleep(pause_s)
+        t0 = time.perf_counter()
+        model.rank_full(history, candidates)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"calls": calls, "median_ms": float(np.median(times)), "p90_ms": float(np.percentile(times, 90)),
+            "max_ms": float(max(times))}
 
 
 def best_by_slo(points: list[dict[str, Any]], axis: str, slos: list[float]) -> list[dict[str, Any]]:
@@ -157,6 +184,11 @@ def ablation(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec
 
 def format_report(report: dict[str, Any]) -> str:
     lines = []
+    timing = report.get("cap_timing")
+    if timing:
+        runs = [(when, timing[when]) for when in ("before", "after") if when in timing]
+        lines += [f"Unloaded full path at the {timing['cap_events']}-event cap, median of {runs[0][1]['calls']} calls: "
+                  + ", ".join(f"{when} the sweep {t['median_ms']:.1f} ms" for when, t in runs), ""]
     if "slo_throughput" in report:
         r = report["slo_throughput"]
         lines += [f"SLO-compliant throughput (P99 <= {r['slo_ms']:g} ms, no errors)",

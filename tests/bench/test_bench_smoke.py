@@ -170,7 +170,10 @@ def test_bench_slo_throughput_with_ablation_and_plots(tmp_path):
     res = json.loads(out.read_text())
     rule, slo = res["slo_rule"], res["slo_throughput"]["slo_ms"]
     assert rule["cap_events"] == 40 and slo == res["slo_ms"]
-    assert slo >= 2 * rule["full_ms_at_cap"] > slo - 5 and slo % 5 == 0  # 2x the calibrated cap, rounded up
+    assert slo >= 2 * rule["full_ms_at_cap"] > slo - 5 and slo % 5 == 0  # 2x the timed cap, rounded up
+    timing = res["cap_timing"]
+    assert timing["cap_events"] == 40 and rule["full_ms_at_cap"] == timing["before"]["median_ms"]
+    assert timing["before"]["calls"] == timing["after"]["calls"] == 40
     assert [r["slo_ms"] for r in res["slo_throughput"]["by_slo"]] == sorted({round(slo * k / 5) * 5 for k in (
         0.6, 0.8, 1.0, 1.25, 1.5, 2.0)})
     assert {p["mode"] for p in res["slo_throughput"]["points"]} == {"baseline", "relay"}

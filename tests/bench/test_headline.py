@@ -6,30 +6,59 @@ import math
 
 import pytest
 
+from mindspore_relaygr import load_config
+from mindspore_relaygr.bench import headline
 from mindspore_relaygr.bench.headline import best_by_slo, derive_slo_ms
-
-
-class _Latency:
-    def __init__(self, full_ms: float) -> None:
-        self.full_ms, self.asked = full_ms, []
-
-    def predict_full_ms(self, num_tokens: int, num_candidates: int) -> float:
-        self.asked.append((num_tokens, num_candidates))
-        return self.full_ms
+from tests.conftest import CONFIGS
 
 
 def test_slo_is_twice_the_full_path_at_the_cap_rounded_up_to_5_ms():
-    latency = _Latency(47.3)
-    assert derive_slo_ms(latency, 1536, 128) == 95.0
-    assert latency.asked == [(1536, 128)]
-    assert derive_slo_ms(_Latency(50.0), 1536, 128) == 100.0  # already a multiple: not rounded further
-    assert derive_slo_ms(_Latency(47.3), 1536, 128, factor=3.0, step_ms=1.0) == 142.0
+    assert derive_slo_ms(47.3) == 95.0
+    assert derive_slo_ms(50.0) == 100.0  # already a multiple: not rounded further
+    assert derive_slo_ms(47.3, factor=3.0, step_ms=1.0) == 142.0
 
 
-@pytest.mark.parametrize("factor,step", [(0.0, 5.0), (2.0, 0.0), (-1.0, 5.0)])
-def test_slo_rule_rejects_non_positive_settings(factor, step):
+@pytest.mark.parametrize("full_ms,factor,step", [(40.0, 0.0, 5.0), (40.0, 2.0, 0.0), (40.0, -1.0, 5.0),
+                                                 (0.0, 2.0, 5.0), (float("nan"), 2.0, 5.0)])
+def test_slo_rule_rejects_non_positive_settings(full_ms, factor, step):
     with pytest.raises(ValueError, match="must be > 0"):
-        derive_slo_ms(_Latency(40.0), 1536, 128, factor=factor, step_ms=step)
+        derive_slo_ms(full_ms, factor=factor, step_ms=step)
+
+
+class _Clock:
+    """perf_counter stand-in: each fake model call advances it by the next scripted duration."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    @staticmethod
+    def sleep(_seconds: float) -> None:
+        pass
+
+
+class _Model:
+    def __init__(self, clock: _Clock, durations_ms: list[float]) -> None:
+        self.cfg = load_config(CONFIGS / "tiny.yaml").model
+        self.clock, self.durations, self.calls = clock, list(durations_ms), []
+
+    def rank_full(self, history: dict, candidates) -> None:
+        self.calls.append((len(history["item_ids"]), len(candidates)))
+        self.clock.now += self.durations.pop(0) / 1e3
+
+
+def test_time_full_path_reports_the_median_of_the_timed_calls(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(headline, "time", clock)
+    # the first (untimed) call is slow on purpose: it must not enter the statistics
+    model = _Model(clock, [500.0, 40.0, 90.0, 45.0, 50.0, 41.0])
+    out = headline.time_full_path(model, 30, 7, calls=5)
+    assert model.calls == [(30, 7)] * 6
+    assert out["calls"] == 5 and out["median_ms"] == pytest.approx(45.0) and out["max_ms"] == pytest.approx(90.0)
+    with pytest.raises(ValueError, match="calls=0"):
+        headline.time_full_path(model, 30, 7, calls=0)
 
 
 def _point(mode: str, qps: float, p99: float, errors: int = 0) -> dict:
