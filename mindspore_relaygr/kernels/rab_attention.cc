@@ -9,6 +9,8 @@
 //           Q, K and V are read in place through strided views (the token-major projection output, or
 //           a slot of the KV pool), so no head transpose, block slice or pool gather copies them first. The tile GEMMs call
 //           oneDNN's dnnl_sgemm from the libdnnl that MindSpore ships (RelaygrInitGemm finds it).
+// ScatterViewRows: copies per-head rows of the layers' projection outputs into rows of a KV pool Parameter, in
+//           place (the prefix graph's slot write: no head transpose, stack or scatter_update copy first).
 // All follow the reference ops in mindspore_relaygr/model/hstu.py exactly: time buckets are defined
 // by thresholds (bucket = number of thresholds <= dt), found here with a fast log estimate plus an
 // exact +-1 correction against the same thresholds. Build with -ffp-contract=off so hi * 65536 + lo is
@@ -329,6 +331,43 @@ bool make_view(const float *src, int64_t src_numel, const int64_t *at, int64_t h
   if (offset + (heads - 1) * head_stride + (rows - 1) * row_stride + width > src_numel) return false;
   *view = View{src + offset, head_stride, row_stride, width};
   return true;
+}
+
+// inputs: pool[R, d] f32 (written in place), ids[L * H * C] i32 (pool row of layer l, head g, token t at
+//         (l * H + g) * C + t), at[5] i64 = (offset, head stride, row stride, width == d, H) of head 0 token 0
+//         in each y_l, then y_0 .. y_{L-1}, each [n >= C, W] f32 (the layers' projection outputs)
+// output: done[1] i32 = 1. MindSpore hands AOT kernels a Parameter's own buffer, so the rows land in the pool;
+//         the graph makes its result depend on `done`, so the write always runs before the graph returns.
+int ScatterViewRows(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                    void *extra) {
+  const int layers = nparam - 4;
+  if (layers < 1 || ndims[0] != 2 || numel(ndims[2], shapes[2]) != 5) return 1;
+  float *pool = static_cast<float *>(params[0]);
+  const int32_t *ids = static_cast<const int32_t *>(params[1]);
+  const int64_t *at = static_cast<const int64_t *>(params[2]);
+  const int64_t pool_rows = shapes[0][0], width = shapes[0][1], total = numel(ndims[1], shapes[1]);
+  const int64_t offset = at[0], head_stride = at[1], row_stride = at[2], heads = at[4];
+  if (at[3] != width || heads < 1 || total % (layers * heads) != 0) return 2;
+  const int64_t tokens = total / (layers * heads);
+  std::vector<const float *> ys(layers);
+  for (int l = 0; l < layers; ++l) {
+    if (ndims[3 + l] != 2 || shapes[3 + l][0] != shapes[3][0] || shapes[3 + l][1] != shapes[3][1]) return 3;
+    ys[l] = static_cast<const float *>(params[3 + l]);
+  }
+  View view;
+  if (tokens > 0 && !make_view(ys[0], numel(ndims[3], shapes[3]), at, heads, tokens, &view)) return 3;
+  for (int64_t i = 0; i < total; ++i) {
+    if (ids[i] < 0 || ids[i] >= pool_rows) return 4;
+  }
+  parallel_rows(total, width, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {
+      const int64_t l = i / (heads * tokens), g = (i / tokens) % heads, t = i % tokens;
+      const float *src = ys[l] + offset + g * head_stride + t * row_stride;
+      std::memcpy(pool + static_cast<int64_t>(ids[i]) * width, src, width * sizeof(float));
+    }
+  });
+  static_cast<int32_t *>(params[nparam - 1])[0] = 1;
+  return 0;
 }
 
 // inputs: q f32, q_at[4] i64, k f32, k_at[4] i64, v f32, v_at[4] i64 (views, see make_view: q and k have width

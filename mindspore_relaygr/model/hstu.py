@@ -221,6 +221,12 @@ class HSTULayer(nn.Cell):
         first, width = self.parts[name]
         return Tensor([first_row * self.width + first, width, self.width, width], mstype.int64)
 
+    def rows_at(self, name: str) -> Tensor:
+        """One part of y [n, W] as the per-head rows the pool stores: (offset, head stride, row stride, width,
+        heads) in elements, for KVPool.write_views."""
+        first, width = self.parts[name]
+        return Tensor([first, width, self.width, width, self.num_heads], mstype.int64)
+
     def self_attention(self, y: Tensor, self_bias: Tensor, inv_norm: float) -> Tensor:
         """M-FALCON: each candidate also attends to itself: SiLU(q.k * scale + rab(0, 0)) v / N_norm, [M, h*dv]."""
         m, h = y.shape[0], self.num_heads

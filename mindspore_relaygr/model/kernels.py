@@ -91,6 +91,9 @@ class FusedOps:
     # (x [n, d], av [n, e], u [n, e], gamma [e], beta [e], w2 [d, e], b2 [d], eps [1]) -> [n, d]:
     # x + (LayerNorm(av) * u) w2^T + b2; None without oneDNN
     finish_rows: Any | None = None
+    # (pool [R, d] Parameter, ids [L*H*C] i32, at [5] i64, y_0 .. y_{L-1} [n, W]) -> done [1] i32: copies each
+    # layer's per-head rows of y into the pool rows `ids`, in place (the prefix graph's slot write)
+    scatter_view_rows: Any | None = None
 
 
 _cached: FusedOps | None = None
@@ -118,6 +121,10 @@ def load_fused_ops() -> FusedOps | None:
                                      out_dtype=lambda *types: types[0], func_type="aot")
         else:
             logger.warning("oneDNN not found in the MindSpore package: attention runs as matmul + fused SiLU")
+        scatter_view_rows = ops.Custom(f"{lib}:ScatterViewRows", out_shape=lambda *shapes: (1,),
+                                       out_dtype=mstype.int32, func_type="aot")
+        # It writes its first input: keep the optimizer from dropping, merging or reordering calls.
+        scatter_view_rows.add_prim_attr("side_effect_mem", True)
         _cached = FusedOps(
             rab_index=ops.Custom(f"{lib}:RabIndex", out_shape=lambda qp, *rest: (qp[0], rest[2][0]),
                                  out_dtype=mstype.int32, func_type="aot"),
@@ -126,6 +133,7 @@ def load_fused_ops() -> FusedOps | None:
             attention=attention,
             project_silu=project_silu,
             finish_rows=finish_rows,
+            scatter_view_rows=scatter_view_rows,
         )
     except Exception as exc:  # noqa: BLE001 - any build/load problem means "use the reference ops"
         _failed = True

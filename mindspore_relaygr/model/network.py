@@ -79,7 +79,9 @@ class HSTUNet(nn.Cell):
         HSTUNet.assemble_weights) or the reference ops and per-head weights (training, export).
         Pointwise attention has no softmax normaliser, so attention over [past | new] keys is the sum
         of the two parts: cached K/V are used as read, never concatenated.
-        Returns (new K per layer [h, n, dqk], new V per layer [h, n, dv], candidate hidden or None).
+        Returns (new K per layer, new V per layer, candidate hidden or None). K and V are head-major
+        ([h, n, dqk], [h, n, dv]) from the reference ops; with the attention kernel both are each layer's
+        projection output y [n (+ M), W], which KVPool.write_views reads in place (see HSTULayer.rows_at).
         """
         if self.rab.reads_views(fused):
             return self._encode_rows(x, meta, past, cand, cand_meta)
@@ -111,13 +113,11 @@ class HSTUNet(nn.Cell):
                 cand_past_idx = self.rab.prepare(True, cand_meta, past[1:])
                 past_idx = ops.concat((past_idx, cand_past_idx))  # the candidates share its last row
 
-        new_keys, new_values = (), ()
+        projections = ()  # what the pool stores (unused, so pruned, when ranking)
         last = len(self.layers) - 1
         for layer_id, layer in enumerate(self.layers):
             y = layer.project(x, assembled=True)
-            y_new = y if cand is None else take(y, 0, n)
-            new_keys += (layer.heads(y_new, "k"),)  # what the pool stores (pruned where unused)
-            new_values += (layer.heads(y_new, "v"),)
+            projections += (y,)
             if layer_id == last and cand is None:
                 break  # only the last layer's K/V are needed
             new_kv = (y, layer.view_at("k"), y, layer.view_at("v"))
@@ -138,7 +138,7 @@ class HSTUNet(nn.Cell):
                 if past is not None:
                     av = av + self._attend_rows(layer, y, n, past_kv, cand_past_idx, u_c)
                 x = layer.finish(take(x, n, rows), av, u_c, fused=True)
-        return new_keys, new_values, None if cand is None else x
+        return projections, projections, None if cand is None else x
 
     def _candidate_rows(self, row, num_cands):
         """Bucket indices of the candidates over [history | candidates] keys: the shared history row [1, n],
@@ -245,9 +245,14 @@ class PrefixGraph(nn.Cell):
         if self.with_past:
             past = _read_past(self.pool, self.direct, past_kv_ids, past_time_ids, past_pos, past_valid)
         keys, values, _ = self.net.encode(x, (pos, hi, lo, valid), past, None, None, self.fused)
-        width_k, width_v = keys[0].shape[-1], values[0].shape[-1]
-        done = self.pool.write(write_kv_ids, write_time_ids, ops.reshape(ops.stack(keys), (-1, width_k)),
-                               ops.reshape(ops.stack(values), (-1, width_v)), hi, lo)
+        if self.direct:  # keys = values = each layer's projection output, copied to the pool in one pass
+            layer = self.net.layers[0]
+            done = self.pool.write_views(write_kv_ids, write_time_ids, keys, layer.rows_at("k"), layer.rows_at("v"),
+                                         hi, lo)
+        else:
+            width_k, width_v = keys[0].shape[-1], values[0].shape[-1]
+            done = self.pool.write(write_kv_ids, write_time_ids, ops.reshape(ops.stack(keys), (-1, width_k)),
+                                   ops.reshape(ops.stack(values), (-1, width_v)), hi, lo)
         return ops.depend(ops.reduce_sum(ops.cast(valid, mstype.int32)), done)
 
 

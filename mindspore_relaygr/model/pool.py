@@ -133,6 +133,16 @@ class KVPool(nn.Cell):
         # (head stride, row stride, width) in elements of a slot's K and V views, after their offset
         self.key_view_tail = Tensor(np.array([layout.slot_len * layout.d_qk, layout.d_qk, layout.d_qk], np.int64))
         self.value_view_tail = Tensor(np.array([layout.slot_len * layout.d_v, layout.d_v, layout.d_v], np.int64))
+        self.scatter_view_rows_op = None
+
+    def enable_fused(self, fused_ops) -> None:
+        """Attach the in-place row copy kernel (model/kernels.py) that `write_views` uses."""
+        self.scatter_view_rows_op = fused_ops.scatter_view_rows
+
+    @property
+    def writes_views(self) -> bool:
+        """True when `write_views` can copy K/V straight from the projection outputs."""
+        return self.scatter_view_rows_op is not None
 
     def read(self, kv_ids: Tensor, time_ids: Tensor) -> tuple[tuple, tuple, Tensor, Tensor]:
         """-> (K [H, P, d_qk] per layer), (V [H, P, d_v] per layer), time hi [P], time lo [P].
@@ -166,6 +176,16 @@ class KVPool(nn.Cell):
     def read_times(self, time_ids: Tensor) -> tuple[Tensor, Tensor]:
         """Timestamps (hi [P], lo [P]) of a slot's first P tokens."""
         return ops.gather(self.time_hi, time_ids, 0), ops.gather(self.time_lo, time_ids, 0)
+
+    def write_views(self, kv_ids: Tensor, time_ids: Tensor, ys: tuple, key_at: Tensor, value_at: Tensor,
+                    hi: Tensor, lo: Tensor) -> Tensor:
+        """Like `write`, but K/V come straight from each layer's projection output y [n, W] (token-major),
+        read through (offset, head stride, row stride, width, heads) views: one copy into the pool rows,
+        instead of head transposes, a stack and a scatter. The kernel writes the pool Parameters in place."""
+        done = (self.scatter_view_rows_op(self.keys, kv_ids, key_at, *ys),
+                self.scatter_view_rows_op(self.values, kv_ids, value_at, *ys),
+                ops.scatter_update(self.time_hi, time_ids, hi), ops.scatter_update(self.time_lo, time_ids, lo))
+        return ops.depend(ops.depend(ops.depend(done[0], done[1]), done[2]), done[3])
 
     def write(self, kv_ids: Tensor, time_ids: Tensor, keys: Tensor, values: Tensor, hi: Tensor,
               lo: Tensor) -> Tensor:

@@ -336,6 +336,7 @@ class RelayGRModel:
                 raise RuntimeError("model.fused_kernels=true but the fused CPU kernels could not be built")
             return False
         self.net.enable_fused(ops)
+        self.pool.enable_fused(ops)
         return True
 
     def _call(self, kind: str, *arrays: np.ndarray) -> np.ndarray:

@@ -40,7 +40,10 @@ def test_bench_model(tmp_path, capsys):
     )
     report = json.loads(out.read_text())
     assert {r["path"] for r in report["results"]} == {"full", "prefill", "cached"}
-    assert report["matmul_gflops"] > 0 and "full/cached" in capsys.readouterr().out
+    assert report["matmul_gflops"] == max(report["matmul_gflops_start"], report["matmul_gflops_end"]) > 0
+    for row in report["results"]:  # each graph's share of the faster matmul measurement
+        assert row["matmul_share"] == pytest.approx(row["gflops"] / report["matmul_gflops"])
+    assert "full/cached" in capsys.readouterr().out
     assert (tmp_path / "model.config.yaml").is_file()
 
 
