@@ -404,9 +404,10 @@ int PointwiseAttention(int nparam, void **params, int *ndims, int64_t **shapes, 
   const float q_scale = scales[0], inv_norm = scales[1];
 
   // A 64 x 512 score tile (128 KiB) stays in L2 between the two GEMMs; the fastest of 64-256 x 128-1024 here.
-  // Up to 192 rows (candidates and suffix) form one tile, so each head streams its keys from memory once.
-  constexpr int64_t kTileK = 512;
+  // Up to 192 rows (candidates and suffix) form one tile, so each head streams its keys from memory once; such
+  // a tile is 3x taller, and 256 keys per tile ran 3-10% faster than 512 there (160 rows x 4064 pool keys).
   const int64_t kTileQ = rows <= 192 ? rows : 64;
+  const int64_t kTileK = rows <= 192 ? 256 : 512;
   const int64_t q_tiles = (rows + kTileQ - 1) / kTileQ;
   const int32_t *shared_ix = idx + (idx_rows - 1) * keys;  // the index row of every query >= idx_rows - 1
   parallel_items(heads * q_tiles, [&](int64_t item) {
