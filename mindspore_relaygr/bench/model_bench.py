@@ -152,7 +152,8 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"{p:>5} {m:>4} | {r['median_ms']:>9.1f} {r['p99_ms']:>7.1f} {r['gflops']:>5.0f} "
                      f"{r['matmul_share']:>4.0%} | {pre['median_ms']:>10.1f} {pre['gflops']:>5.0f} "
                      f"{pre['matmul_share']:>4.0%} | {cac['median_ms']:>9.1f} {cac['p99_ms']:>7.1f} "
-                     f"{cac['gflops']:>5.0f} {cac['matmul_share']:>4.0%} | {r['median_ms'] / cac['median_ms']:>10.1f}x | "
+                     f"{cac['gflops']:>5.0f} {cac['matmul_share']:>4.0%} | "
+                     f"{r['median_ms'] / cac['median_ms']:>10.1f}x | "
                      f"{r['memory_mb']:>4.0f}/{pre['memory_mb']:>4.0f}/{cac['memory_mb']:>4.0f}")
     return "\n".join(lines)
 
