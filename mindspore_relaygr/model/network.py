@@ -237,6 +237,7 @@ class PrefixGraph(nn.Cell):
         super().__init__()
         self.net, self.pool, self.with_past, self.fused = net, pool, with_past, fused
         self.direct = net.rab.reads_views(fused)
+        self.key_rows_at, self.value_rows_at = net.layers[0].rows_at("k"), net.layers[0].rows_at("v")
 
     def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid,
                   write_kv_ids, write_time_ids, past_kv_ids, past_time_ids, past_pos, past_valid):
@@ -246,8 +247,7 @@ class PrefixGraph(nn.Cell):
             past = _read_past(self.pool, self.direct, past_kv_ids, past_time_ids, past_pos, past_valid)
         keys, values, _ = self.net.encode(x, (pos, hi, lo, valid), past, None, None, self.fused)
         if self.direct:  # keys = values = each layer's projection output, copied to the pool in one pass
-            layer = self.net.layers[0]
-            done = self.pool.write_views(write_kv_ids, write_time_ids, keys, layer.rows_at("k"), layer.rows_at("v"),
+            done = self.pool.write_views(write_kv_ids, write_time_ids, keys, self.key_rows_at, self.value_rows_at,
                                          hi, lo)
         else:
             width_k, width_v = keys[0].shape[-1], values[0].shape[-1]

@@ -182,14 +182,16 @@ class KVPool(nn.Cell):
         """Like `write`, but K/V come straight from each layer's projection output y [n, W] (token-major),
         read through (offset, head stride, row stride, width, heads) views: one copy into the pool rows,
         instead of head transposes, a stack and a scatter. The kernel writes the pool Parameters in place."""
-        done = (self.scatter_view_rows_op(self.keys, kv_ids, key_at, *ys),
-                self.scatter_view_rows_op(self.values, kv_ids, value_at, *ys),
-                ops.scatter_update(self.time_hi, time_ids, hi), ops.scatter_update(self.time_lo, time_ids, lo))
-        return ops.depend(ops.depend(ops.depend(done[0], done[1]), done[2]), done[3])
+        return self._with_times(self.scatter_view_rows_op(self.keys, kv_ids, key_at, *ys),
+                                self.scatter_view_rows_op(self.values, kv_ids, value_at, *ys), time_ids, hi, lo)
 
     def write(self, kv_ids: Tensor, time_ids: Tensor, keys: Tensor, values: Tensor, hi: Tensor,
               lo: Tensor) -> Tensor:
         """Scatter K/V [L*H*C, d] and times [C] in place (scatter_update: the pool is not copied)."""
-        done = (ops.scatter_update(self.keys, kv_ids, keys), ops.scatter_update(self.values, kv_ids, values),
-                ops.scatter_update(self.time_hi, time_ids, hi), ops.scatter_update(self.time_lo, time_ids, lo))
-        return ops.depend(ops.depend(ops.depend(done[0], done[1]), done[2]), done[3])
+        return self._with_times(ops.scatter_update(self.keys, kv_ids, keys),
+                                ops.scatter_update(self.values, kv_ids, values), time_ids, hi, lo)
+
+    def _with_times(self, keys_done: Tensor, values_done: Tensor, time_ids: Tensor, hi: Tensor, lo: Tensor) -> Tensor:
+        """Scatter the times too; the result depends on all four writes."""
+        done = (ops.scatter_update(self.time_hi, time_ids, hi), ops.scatter_update(self.time_lo, time_ids, lo))
+        return ops.depend(ops.depend(ops.depend(keys_done, values_done), done[0]), done[1])
