@@ -370,37 +370,55 @@ int ScatterViewRows(int nparam, void **params, int *ndims, int64_t **shapes, con
   return 0;
 }
 
-// inputs: q f32, q_at[4] i64, k f32, k_at[4] i64, v f32, v_at[4] i64 (views, see make_view: q and k have width
-//         dq, v has width dv; q is scaled by scales[0] inside), idx[Bi, K] i32 with 1 <= Bi <= B: query r uses
-//         index row min(r, Bi - 1) (Bi == B: a row each; Bi == 1: all share one; else suffix rows, then
-//         candidates sharing the last row), table[H, T] f32 (last column is the mask entry),
-//         scales[2] f32 = (q scale, 1 / N_norm), like[B, H * dv] (only its shape is read: the number of queries B)
-// output: out[B, H * dv] f32, token-major (head h in columns [h * dv, (h + 1) * dv))
+// inputs: q f32, q_at[4] i64, then one or more key segments, each k f32, k_at[4] i64, v f32, v_at[4] i64, idx[Bi, K]
+//         i32, then table[H, T] f32 (last column is the mask entry), scales[2] f32 = (q scale, 1 / N_norm),
+//         like[B, H * dv] (only its shape is read: the number of queries B).
+//         Views: see make_view (q and k have width dq, v has width dv; q is scaled by scales[0] inside). In a
+//         segment, 1 <= Bi <= B and query r uses index row min(r, Bi - 1) (Bi == B: a row each; Bi == 1: all
+//         share one; else suffix rows, then candidates sharing the last row); K is the segment's key count.
+// output: out[B, H * dv] f32 = the sum over segments (pointwise attention has no softmax normaliser, so keys
+//         split into segments, e.g. the cached prefix and the new tokens, add up), token-major (head h in
+//         columns [h * dv, (h + 1) * dv)).
 int PointwiseAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                        void *extra) {
   const SgemmFn sgemm = g_sgemm.load();
-  if (nparam != 11 || sgemm == nullptr) return 1;
-  const int32_t *idx = static_cast<const int32_t *>(params[6]);
-  const float *table = static_cast<const float *>(params[7]);
-  const float *scales = static_cast<const float *>(params[8]);
-  float *out = static_cast<float *>(params[10]);
-  const int64_t heads = shapes[7][0], table_cols = shapes[7][1];
-  const int64_t rows = shapes[9][0];
-  const int64_t idx_rows = shapes[6][0], keys = shapes[6][1];
+  if (nparam < 11 || (nparam - 6) % 5 != 0 || sgemm == nullptr) return 1;
+  const int num_segments = (nparam - 6) / 5, tail = 2 + 5 * num_segments;
+  const float *table = static_cast<const float *>(params[tail]);
+  const float *scales = static_cast<const float *>(params[tail + 1]);
+  float *out = static_cast<float *>(params[tail + 3]);
+  const int64_t heads = shapes[tail][0], table_cols = shapes[tail][1];
+  const int64_t rows = shapes[tail + 2][0];
   const int32_t mask = static_cast<int32_t>(table_cols - 1);
-  if (idx_rows < 1 || idx_rows > rows) return 3;
-  View qv, kv, vv;
+  struct Segment {
+    View k, v;
+    const int32_t *idx;
+    int64_t idx_rows, keys;
+  };
+  std::vector<Segment> segments(num_segments);
+  View qv;
   if (!make_view(static_cast<const float *>(params[0]), numel(ndims[0], shapes[0]),
-                 static_cast<const int64_t *>(params[1]), heads, rows, &qv) ||
-      !make_view(static_cast<const float *>(params[2]), numel(ndims[2], shapes[2]),
-                 static_cast<const int64_t *>(params[3]), heads, keys, &kv) ||
-      !make_view(static_cast<const float *>(params[4]), numel(ndims[4], shapes[4]),
-                 static_cast<const int64_t *>(params[5]), heads, keys, &vv) ||
-      qv.width != kv.width) {
+                 static_cast<const int64_t *>(params[1]), heads, rows, &qv)) {
     return 2;
   }
-  const int64_t dq = qv.width, dv = vv.width, out_ld = heads * dv;
-  if (ndims[9] != 2 || shapes[9][1] != out_ld) return 4;
+  for (int s = 0; s < num_segments; ++s) {
+    const int p = 2 + 5 * s;
+    Segment &seg = segments[s];
+    if (ndims[p + 4] != 2) return 3;
+    seg.idx = static_cast<const int32_t *>(params[p + 4]);
+    seg.idx_rows = shapes[p + 4][0];
+    seg.keys = shapes[p + 4][1];
+    if (seg.idx_rows < 1 || seg.idx_rows > rows) return 3;
+    if (!make_view(static_cast<const float *>(params[p]), numel(ndims[p], shapes[p]),
+                   static_cast<const int64_t *>(params[p + 1]), heads, seg.keys, &seg.k) ||
+        !make_view(static_cast<const float *>(params[p + 2]), numel(ndims[p + 2], shapes[p + 2]),
+                   static_cast<const int64_t *>(params[p + 3]), heads, seg.keys, &seg.v) ||
+        seg.k.width != qv.width || seg.v.width != segments[0].v.width) {
+      return 2;
+    }
+  }
+  const int64_t dq = qv.width, dv = segments[0].v.width, out_ld = heads * dv;
+  if (ndims[tail + 3] != 2 || shapes[tail + 3][1] != out_ld) return 4;
   const float q_scale = scales[0], inv_norm = scales[1];
 
   // A 64 x 512 score tile (128 KiB) stays in L2 between the two GEMMs; the fastest of 64-256 x 128-1024 here.
@@ -409,31 +427,34 @@ int PointwiseAttention(int nparam, void **params, int *ndims, int64_t **shapes, 
   const int64_t kTileQ = rows <= 192 ? rows : 64;
   const int64_t kTileK = rows <= 192 ? 256 : 512;
   const int64_t q_tiles = (rows + kTileQ - 1) / kTileQ;
-  const int32_t *shared_ix = idx + (idx_rows - 1) * keys;  // the index row of every query >= idx_rows - 1
   parallel_items(heads * q_tiles, [&](int64_t item) {
     thread_local std::vector<float> scores;
     scores.resize(kTileQ * kTileK);
     const int64_t h = item / q_tiles, q0 = (item % q_tiles) * kTileQ, qn = std::min(kTileQ, rows - q0);
     const float *qh = qv.base + h * qv.head_stride + q0 * qv.row_stride;
-    const float *kh = kv.base + h * kv.head_stride;
-    const float *vh = vv.base + h * vv.head_stride;
     const float *th = table + h * table_cols;
     float *oh = out + q0 * out_ld + h * dv;
     for (int64_t r = 0; r < qn; ++r) std::fill(oh + r * out_ld, oh + r * out_ld + dv, 0.0f);
-    // Rows [0, own) of this tile have index rows of their own; rows [own, qn) share the last one.
-    const int64_t own = std::min(std::max<int64_t>(idx_rows - 1 - q0, 0), qn);
-    const int32_t *own_ix = idx + q0 * keys;
-    for (int64_t k0 = 0; k0 < keys; k0 += kTileK) {
-      int64_t kn = std::min(kTileK, keys - k0);
-      kn = std::max(own > 0 ? visible_cols(own_ix + k0, keys, own, kn, mask) : 0,
-                    own < qn ? visible_cols(shared_ix + k0, 0, 1, kn, mask) : 0);
-      if (kn == 0) continue;
-      sgemm('N', 'T', qn, kn, dq, q_scale, qh, qv.row_stride, kh + k0 * kv.row_stride, kv.row_stride, 0.0f,
-            scores.data(), kn);
-      if (own > 0) bias_silu_tile(scores.data(), kn, own_ix + k0, keys, th, own, kn, mask);
-      if (own < qn) bias_silu_tile(scores.data() + own * kn, kn, shared_ix + k0, 0, th, qn - own, kn, mask);
-      sgemm('N', 'N', qn, dv, kn, inv_norm, scores.data(), kn, vh + k0 * vv.row_stride, vv.row_stride, 1.0f, oh,
-            out_ld);
+    for (const Segment &seg : segments) {
+      const float *kh = seg.k.base + h * seg.k.head_stride;
+      const float *vh = seg.v.base + h * seg.v.head_stride;
+      const int64_t keys = seg.keys;
+      // Rows [0, own) of this tile have index rows of their own; rows [own, qn) share the last one.
+      const int64_t own = std::min(std::max<int64_t>(seg.idx_rows - 1 - q0, 0), qn);
+      const int32_t *own_ix = seg.idx + q0 * keys;
+      const int32_t *shared_ix = seg.idx + (seg.idx_rows - 1) * keys;  // the index row of every query >= Bi - 1
+      for (int64_t k0 = 0; k0 < keys; k0 += kTileK) {
+        int64_t kn = std::min(kTileK, keys - k0);
+        kn = std::max(own > 0 ? visible_cols(own_ix + k0, keys, own, kn, mask) : 0,
+                      own < qn ? visible_cols(shared_ix + k0, 0, 1, kn, mask) : 0);
+        if (kn == 0) continue;
+        sgemm('N', 'T', qn, kn, dq, q_scale, qh, qv.row_stride, kh + k0 * seg.k.row_stride, seg.k.row_stride, 0.0f,
+              scores.data(), kn);
+        if (own > 0) bias_silu_tile(scores.data(), kn, own_ix + k0, keys, th, own, kn, mask);
+        if (own < qn) bias_silu_tile(scores.data() + own * kn, kn, shared_ix + k0, 0, th, qn - own, kn, mask);
+        sgemm('N', 'N', qn, dv, kn, inv_norm, scores.data(), kn, vh + k0 * seg.v.row_stride, seg.v.row_stride, 1.0f,
+              oh, out_ld);
+      }
     }
   });
   return 0;

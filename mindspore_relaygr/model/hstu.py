@@ -253,7 +253,7 @@ _bmm_nt = ops.BatchMatMul(transpose_b=True)
 
 
 def pointwise_attention(rab: RelativeBias, fused: bool, query: tuple, kv: tuple, prepared: Tensor, like: Tensor,
-                        scales: Tensor, inv_norm: float) -> Tensor:
+                        scales: Tensor, inv_norm: float, more: tuple = ()) -> Tensor:
     """SiLU(q k^T + rab) v / N_norm for one query block -> [B, h*dv], token-major.
 
     query = (Q, at); kv = (K, K at, V, V at). at = None: the tensor itself, head-major ([h, B, dqk]
@@ -261,12 +261,21 @@ def pointwise_attention(rab: RelativeBias, fused: bool, query: tuple, kv: tuple,
     row stride, width) that the fused kernel reads in place (Q scaled by scales[0] inside).
     The number of keys is the width of `prepared` (bias [h, B, K] or bucket indices [B, K]); K/V may
     hold more rows (the kernel reads the first K, the reference ops slice them). `like` [B, h*dv] gives
-    the kernel its output shape.
+    the kernel its output shape. `more`: further (kv, prepared) key segments, whose attention is added (no
+    softmax normaliser): the kernel runs all segments in one call.
     """
     q, q_at = query
     keys, k_at, values, v_at = kv
     if q_at is not None:
-        return rab.fused_attention_op(q, q_at, keys, k_at, values, v_at, prepared, rab.masked_table(), scales, like)
+        segments = (keys, k_at, values, v_at, prepared)
+        for seg_kv, seg_prepared in more:
+            segments += (*seg_kv, seg_prepared)
+        return rab.fused_attention_op(q, q_at, *segments, rab.masked_table(), scales, like)
+    if more:
+        out = pointwise_attention(rab, fused, query, kv, prepared, like, scales, inv_norm)
+        for seg_kv, seg_prepared in more:
+            out = out + pointwise_attention(rab, fused, query, seg_kv, seg_prepared, like, scales, inv_norm)
+        return out
     num_keys = prepared.shape[-1]
     if keys.shape[1] != num_keys:
         keys, values = take(keys, 0, num_keys, 1), take(values, 0, num_keys, 1)

@@ -84,7 +84,8 @@ class FusedOps:
 
     rab_index: Any  # (q_pos, q_hi, q_lo, k_pos, k_hi, k_lo, k_valid, pos_lut, thresholds, params) -> [B, K]
     bias_silu: Any  # (scores [H, B, K], idx [B or 1, K], table [H, T]) -> SiLU(scores + bias) [H, B, K]
-    # (q, q_at, k, k_at, v, v_at, idx [B or 1, K], table [H, T], scales [2], like [B, H*dv]) -> [B, H*dv];
+    # (q, q_at, then key segments (k, k_at, v, v_at, idx [B or 1, K]), table [H, T], scales [2], like [B, H*dv])
+    # -> [B, H*dv], summed over the segments;
     # None without oneDNN
     attention: Any | None
     project_silu: Any | None = None  # (x [n, d], w [d, W], b [W]) -> SiLU(x w + b) [n, W]; None without oneDNN

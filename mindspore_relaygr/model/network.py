@@ -124,19 +124,23 @@ class HSTUNet(nn.Cell):
             past_kv = None if past is None else past[0][layer_id]
             u = layer.part(y, "u")
             if layer_id < last:
-                av = ()
-                for b, (s, e) in enumerate(blocks):
-                    e = rows if b == len(blocks) - 1 else e
-                    av += (self._attend_rows(layer, y, s, new_kv, new_idx[b], take(u, s, e)),)
-                av = ops.concat(av) if len(av) > 1 else av[0]
-                if past is not None:
-                    av = av + self._attend_rows(layer, y, 0, past_kv, past_idx, u)
+                if past is not None and len(blocks) == 1:  # one call over [past | new] keys (ranking, short chunks)
+                    av = self._attend_rows(layer, y, 0, past_kv, past_idx, u, more=((new_kv, new_idx[0]),))
+                else:
+                    av = ()
+                    for b, (s, e) in enumerate(blocks):
+                        e = rows if b == len(blocks) - 1 else e
+                        av += (self._attend_rows(layer, y, s, new_kv, new_idx[b], take(u, s, e)),)
+                    av = ops.concat(av) if len(av) > 1 else av[0]
+                    if past is not None:
+                        av = av + self._attend_rows(layer, y, 0, past_kv, past_idx, u)
                 x = layer.finish(x, av, u, fused=True)
             else:  # the last layer's token outputs feed nothing: only the candidate rows
                 u_c = take(u, n, rows)
-                av = self._attend_rows(layer, y, n, new_kv, cand_idx, u_c)
-                if past is not None:
-                    av = av + self._attend_rows(layer, y, n, past_kv, cand_past_idx, u_c)
+                if past is None:
+                    av = self._attend_rows(layer, y, n, new_kv, cand_idx, u_c)
+                else:
+                    av = self._attend_rows(layer, y, n, past_kv, cand_past_idx, u_c, more=((new_kv, cand_idx),))
                 x = layer.finish(take(x, n, rows), av, u_c, fused=True)
         return projections, projections, None if cand is None else x
 
@@ -147,10 +151,11 @@ class HSTUNet(nn.Cell):
         own = (1 - eye) * self.rab.mask_index
         return ops.concat((ops.broadcast_to(row, (num_cands, row.shape[1])), own), axis=1)
 
-    def _attend_rows(self, layer, y, first_row, kv, idx, like):
-        """Kernel call for query rows [first_row, first_row + like rows) of y against the keys of kv."""
+    def _attend_rows(self, layer, y, first_row, kv, idx, like, more=()):
+        """Kernel call for query rows [first_row, first_row + like rows) of y against the keys of kv (and of
+        each further (kv, idx) segment in `more`, summed in the same call)."""
         return pointwise_attention(self.rab, True, (y, layer.view_at("q", first_row)), kv, idx, like,
-                                   self.attention_scales, self.inv_norm)
+                                   self.attention_scales, self.inv_norm, more)
 
     def _encode_reference(self, x, meta, past, cand, cand_meta, fused):
         """`encode` with MindSpore ops (fused=True: the two pointwise kernels): head-major Q/K/V, the

@@ -120,3 +120,28 @@ def test_view_past_the_end_is_refused(attention_op):
     with pytest.raises(RuntimeError, match="PointwiseAttention"):
         run(attention_op, q, (0, 4 * DQ, DQ, DQ), k, (DQ, 10 * DQ, DQ, DQ), v, (0, 10 * DV, DV, DV),
             idx, table, (1.0, 1.0), 4)
+
+
+def test_two_key_segments_add_up_in_one_call(attention_op):
+    """[past | new] keys as two segments (a pool slot and the projection output) in one call: the sum of the two
+    single-segment results, each with its own index rows (past: suffix rows + a shared candidate row; new: a row
+    each)."""
+    from mindspore import Tensor
+
+    rng = np.random.default_rng(6)
+    rows, past_keys, new_keys, idx_rows = 40, 300, 40, 9
+    q, k1, v1, table, idx1 = random_case(rng, rows, past_keys, False, False, idx_rows=idx_rows)
+    _, k2, v2, _, idx2 = random_case(rng, rows, new_keys, False, True)
+    like = np.zeros((rows, HEADS * DV), np.float32)
+    q_at, scales = np.array((0, rows * DQ, DQ, DQ), np.int64), np.array((0.25, 1 / 64), np.float32)
+    segments = []
+    for k, v, idx, keys in ((k1, v1, idx1, past_keys), (k2, v2, idx2, new_keys)):
+        segments += [k, np.array((0, keys * DQ, DQ, DQ), np.int64), v, np.array((0, keys * DV, DV, DV), np.int64),
+                     idx.astype(np.int32)]
+    got = attention_op(*(Tensor(a) for a in [q, q_at, *segments, table, scales, like])).asnumpy()
+    want = reference(q, k1, v1, idx1, table, 0.25, 1 / 64) + reference(q, k2, v2, idx2, table, 0.25, 1 / 64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+    # A second segment whose V is narrower than the first's is refused, not read past its width.
+    segments[7] = np.array((0, new_keys * DV, DV, DV - 1), np.int64)
+    with pytest.raises(RuntimeError, match="PointwiseAttention"):
+        attention_op(*(Tensor(a) for a in [q, q_at, *segments, table, scales, like])).asnumpy()
