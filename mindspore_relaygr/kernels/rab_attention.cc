@@ -565,6 +565,60 @@ int ProjectSilu(int nparam, void **params, int *ndims, int64_t **shapes, const c
   return 0;
 }
 
+// ProjectSilu where rows [0, first_full) need only some columns (a last layer's token rows: only their K and V
+// are read): those rows get the listed column ranges and zeros elsewhere; rows [first_full, n) get every column.
+// inputs: x[n, d] f32, w[d, W] f32, b[W] f32, spec[1 + 2k] i64 = (first_full, start_0, end_0, ..., start_k-1,
+//         end_k-1) with ascending, disjoint ranges inside [0, W)
+// output: y[n, W] f32
+int ProjectSiluColumns(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                       void *extra) {
+  const SgemmFn sgemm = g_sgemm.load();
+  if (nparam != 5 || sgemm == nullptr) return 1;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *w = static_cast<const float *>(params[1]);
+  const float *b = static_cast<const float *>(params[2]);
+  const int64_t *spec = static_cast<const int64_t *>(params[3]);
+  float *y = static_cast<float *>(params[4]);
+  if (ndims[0] != 2 || ndims[1] != 2 || shapes[1][0] != shapes[0][1] || numel(ndims[2], shapes[2]) != shapes[1][1]) {
+    return 2;
+  }
+  const int64_t n = shapes[0][0], d = shapes[0][1], width = shapes[1][1], spec_len = numel(ndims[3], shapes[3]);
+  if (spec_len < 1 || spec_len % 2 != 1) return 3;
+  const int64_t first_full = std::min(std::max<int64_t>(spec[0], 0), n), ranges = (spec_len - 1) / 2;
+  for (int64_t i = 0, prev = 0; i < ranges; ++i) {
+    const int64_t lo = spec[1 + 2 * i], hi = spec[2 + 2 * i];
+    if (lo < prev || hi <= lo || hi > width) return 3;
+    prev = hi;
+  }
+  // Row tiles of the partial rows, then of the full rows: a tile never mixes the two.
+  const int64_t part_tiles = first_full > 0 ? row_tiles(first_full) : 0;
+  const int64_t full_tiles = n > first_full ? row_tiles(n - first_full) : 0;
+  const int64_t part_step = part_tiles ? (first_full + part_tiles - 1) / part_tiles : 0;
+  const int64_t full_step = full_tiles ? (n - first_full + full_tiles - 1) / full_tiles : 0;
+  parallel_items(part_tiles + full_tiles, [&](int64_t t) {
+    const bool part = t < part_tiles;
+    const int64_t r0 = part ? t * part_step : first_full + (t - part_tiles) * full_step;
+    const int64_t rn = std::min(part ? part_step : full_step, (part ? first_full : n) - r0);
+    if (rn <= 0) return;
+    float *yt = y + r0 * width;
+    if (!part) {
+      sgemm('N', 'N', rn, width, d, 1.0f, x + r0 * d, d, w, width, 0.0f, yt, width);
+      for (int64_t r = 0; r < rn; ++r) add_silu_span(yt + r * width, b, nullptr, yt + r * width, width);
+      return;
+    }
+    int64_t done = 0;  // columns [0, done) of every row in the tile are written
+    for (int64_t i = 0; i < ranges; ++i) {
+      const int64_t lo = spec[1 + 2 * i], hi = spec[2 + 2 * i];
+      for (int64_t r = 0; r < rn; ++r) std::fill(yt + r * width + done, yt + r * width + lo, 0.0f);
+      sgemm('N', 'N', rn, hi - lo, d, 1.0f, x + r0 * d, d, w + lo, width, 0.0f, yt + lo, width);
+      for (int64_t r = 0; r < rn; ++r) add_silu_span(yt + r * width + lo, b + lo, nullptr, yt + r * width + lo, hi - lo);
+      done = hi;
+    }
+    for (int64_t r = 0; r < rn; ++r) std::fill(yt + r * width + done, yt + (r + 1) * width, 0.0f);
+  });
+  return 0;
+}
+
 // inputs: x[n, d] f32, av[n, e] f32, u[n, e] f32, gamma[e] f32, beta[e] f32, w2[d, e] f32 (nn.Dense layout),
 //         b2[d] f32, eps[1] f32
 // output: x + (LayerNorm(av) * u) w2^T + b2, [n, d] (the layer's residual update)

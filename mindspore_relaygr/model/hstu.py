@@ -151,7 +151,7 @@ class HSTULayer(nn.Cell):
         self.w_k, self.b_k = weight("w_k", (h, d, cfg.d_qk)), bias("b_k", (h, 1, cfg.d_qk))
         self.norm = nn.LayerNorm((h * cfg.d_v,))
         self.norm_eps = Tensor(np.array([self.norm.epsilon], np.float32))
-        self.project_op = self.finish_op = None  # fused dense kernels (enable_fused)
+        self.project_op = self.project_columns_op = self.finish_op = None  # fused dense kernels (enable_fused)
         self.out = nn.Dense(h * cfg.d_v, d, weight_init=Normal(0.02))
         self.q_scale = 1.0 / math.sqrt(cfg.d_qk)
         hv, hq = h * cfg.d_v, h * cfg.d_qk
@@ -192,18 +192,28 @@ class HSTULayer(nn.Cell):
         b = ops.concat((self.w_u.bias, bv, bq, bk, self.pad_bias))
         return w, b
 
-    def project(self, x: Tensor, assembled: bool = False) -> Tensor:
+    def project(self, x: Tensor, assembled: bool = False, kv_only_rows: int = 0) -> Tensor:
         """x [n, d] -> y = SiLU(W1 x + b1) [n, W], columns U | V | Q | K | padding.
 
         assembled=True reads W1/b1 from `assemble_weights` (inference); False builds them from the per-head
-        parameters in the graph, so gradients reach those (training, export).
+        parameters in the graph, so gradients reach those (training, export). kv_only_rows = r > 0 (a last
+        layer, whose token outputs feed nothing): the fused kernel computes only the V and K columns of rows
+        [0, r) and leaves zeros in their U and Q columns; the other paths compute every column.
         """
         if assembled:
+            if kv_only_rows > 0 and self.project_columns_op is not None:
+                return self.project_columns_op(x, self.w1_assembled, self.b1_assembled, self._kv_spec(kv_only_rows))
             if self.project_op is not None:
                 return self.project_op(x, self.w1_assembled, self.b1_assembled)
             return ops.silu(ops.bias_add(ops.matmul(x, self.w1_assembled), self.b1_assembled))
         w, b = self._per_head_w1()
         return ops.silu(ops.bias_add(ops.matmul(x, w), b))
+
+    def _kv_spec(self, rows: int) -> Tensor:
+        """ProjectSiluColumns' spec: rows [0, rows) get the V and K column ranges only."""
+        (v_first, v_width), (k_first, k_width) = self.parts["v"], self.parts["k"]
+        return Tensor([rows, v_first, v_first + self.num_heads * v_width, k_first, k_first + self.num_heads * k_width],
+                      mstype.int64)
 
     def part(self, y: Tensor, name: str) -> Tensor:
         """Token-major columns of one part of y: [n, h * width]."""
@@ -239,6 +249,7 @@ class HSTULayer(nn.Cell):
     def enable_fused(self, fused_ops) -> None:
         """Attach the fused dense kernels (model/kernels.py), used by `project(x, True)` and `finish(..., True)`."""
         self.project_op = fused_ops.project_silu
+        self.project_columns_op = fused_ops.project_silu_columns
         self.finish_op = fused_ops.finish_rows
 
     def finish(self, x: Tensor, av_rows: Tensor, u: Tensor, fused: bool = False) -> Tensor:

@@ -89,6 +89,9 @@ class FusedOps:
     # None without oneDNN
     attention: Any | None
     project_silu: Any | None = None  # (x [n, d], w [d, W], b [W]) -> SiLU(x w + b) [n, W]; None without oneDNN
+    # (x, w, b, spec [1 + 2k] i64 = (first full row, column ranges...)) -> [n, W]: rows before the first full row
+    # get only the listed columns (zeros elsewhere); None without oneDNN
+    project_silu_columns: Any | None = None
     # (x [n, d], av [n, e], u [n, e], gamma [e], beta [e], w2 [d, e], b2 [d], eps [1]) -> [n, d]:
     # x + (LayerNorm(av) * u) w2^T + b2; None without oneDNN
     finish_rows: Any | None = None
@@ -111,13 +114,16 @@ def load_fused_ops() -> FusedOps | None:
         from mindspore import ops
 
         lib = build_library()
-        attention = project_silu = finish_rows = None
+        attention = project_silu = project_silu_columns = finish_rows = None
         if init_gemm(lib):
             # Output [B, h * dv] takes the shape of its last input (`like`, see hstu.pointwise_attention).
             attention = ops.Custom(f"{lib}:PointwiseAttention", out_shape=lambda *shapes: shapes[-1],
                                    out_dtype=lambda *types: types[0], func_type="aot")
             project_silu = ops.Custom(f"{lib}:ProjectSilu", out_shape=lambda x, w, b: (x[0], w[1]),
                                       out_dtype=lambda *types: types[0], func_type="aot")
+            project_silu_columns = ops.Custom(f"{lib}:ProjectSiluColumns",
+                                              out_shape=lambda x, w, b, spec: (x[0], w[1]),
+                                              out_dtype=lambda *types: types[0], func_type="aot")
             finish_rows = ops.Custom(f"{lib}:FinishRows", out_shape=lambda *shapes: shapes[0],
                                      out_dtype=lambda *types: types[0], func_type="aot")
         else:
@@ -133,6 +139,7 @@ def load_fused_ops() -> FusedOps | None:
                                  out_dtype=lambda s, i, t: s, func_type="aot"),
             attention=attention,
             project_silu=project_silu,
+            project_silu_columns=project_silu_columns,
             finish_rows=finish_rows,
             scatter_view_rows=scatter_view_rows,
         )

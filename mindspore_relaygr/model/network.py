@@ -116,7 +116,8 @@ class HSTUNet(nn.Cell):
         projections = ()  # what the pool stores (unused, so pruned, when ranking)
         last = len(self.layers) - 1
         for layer_id, layer in enumerate(self.layers):
-            y = layer.project(x, assembled=True)
+            # The last layer's token rows feed only their K and V (to the pool, and to the candidates).
+            y = layer.project(x, assembled=True, kv_only_rows=n if layer_id == last else 0)
             projections += (y,)
             if layer_id == last and cand is None:
                 break  # only the last layer's K/V are needed

@@ -48,6 +48,29 @@ def test_finish_rows_matches_numpy(fused_ops, rows):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows, first_full", [(1, 1), (37, 20), (200, 200), (200, 0), (130, 129)])
+def test_project_silu_columns_matches_numpy(fused_ops, rows, first_full):
+    """Rows before first_full get only the listed column ranges (zeros elsewhere), the rest every column."""
+    rng = np.random.default_rng(rows + first_full)
+    x, w, b = (rng.normal(size=s).astype(np.float32) for s in ((rows, 24), (24, 56), (56,)))
+    z = x.astype(np.float64) @ w + b
+    want = z / (1 + np.exp(-z))
+    keep = np.zeros(56, bool)
+    keep[8:20] = keep[33:50] = True
+    want[:first_full, ~keep] = 0.0
+    spec = np.array([first_full, 8, 20, 33, 50], np.int64)
+    got = _run(fused_ops.project_silu_columns, x, w, b, spec)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+    assert np.all(got[:first_full, ~keep] == 0.0)
+
+
+@pytest.mark.parametrize("spec", [[0, 20, 8], [0, 8, 20, 10, 30], [0, 50, 57], [0, 1]])
+def test_project_silu_columns_refuses_bad_ranges(fused_ops, spec):
+    x, w, b = np.ones((4, 24), np.float32), np.ones((24, 56), np.float32), np.ones(56, np.float32)
+    with pytest.raises(RuntimeError):
+        _run(fused_ops.project_silu_columns, x, w, b, np.array(spec, np.int64))
+
+
 def _silu64(z):
     z = np.asarray(z, np.float64)
     return z / (1 + np.exp(-z))
