@@ -3,7 +3,11 @@
 For each prefix length P and candidate count M: `rank_full` over P events, `prefill` of the first
 P - S events and `rank_cached` of the last S events (S = --suffix) + M candidates, after warm-up,
 median and p99 over repeats. FLOPs are the multiply-adds the model needs for its output (see
-`count_flops`); the machine's matmul GFLOP/s is measured in the same run for comparison.
+`count_flops`); the machine's matmul GFLOP/s is measured in the same run for comparison: before the
+sweep and after every path's timing, so each path has a measurement right before and right after it.
+Each path's share is given against the faster of those two ("near": the machine as it was while the
+path ran; its rate drifts by up to ~25% within a run on shared VMs) and against the fastest
+measurement of the whole run (the strictest reading).
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class PathResult:
     first_call_s: float  # compile + first run
     memory_mb: float  # RSS growth at the first call of this graph shape (its compiled memory)
     gflops: float  # model FLOPs / median time
+    matmul_gflops_near: float  # the faster of the matmul measurements right before and right after this path
 
 
 def _time(fn, repeats: int) -> tuple[float, float, float, float]:
@@ -100,59 +105,70 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
     model = RelayGRModel(config)
     cfg = config.model
     user = 1 if cfg.user_feature_sizes else 0
-    matmul_start = measure_matmul_gflops()
-    progress(f"matmul 2048^2 fp32: {matmul_start:.1f} GFLOP/s; fused kernels: {model.fused}")
+    probes = [measure_matmul_gflops()]
+    progress(f"matmul 2048^2 fp32: {probes[0]:.1f} GFLOP/s; fused kernels: {model.fused}")
     rng = np.random.default_rng(0)
     rows: list[PathResult] = []
+
+    def timed(path: str, p: int, m: int, suffix: int, fn, flops: float) -> PathResult:
+        first, mem, med, p99 = _time(fn, repeats)
+        probes.append(measure_matmul_gflops())
+        row = PathResult(path, p, m, suffix, med, p99, first, mem, flops / med / 1e6, max(probes[-2], probes[-1]))
+        rows.append(row)
+        return row
+
     for p in prefix_lens:
         hist = synthetic_history(cfg, p - user, seed=p)
         pre = {k: (v if k == "user_features" else v[: p - user - suffix_len]) for k, v in hist.items()}
         suf = {k: v[p - user - suffix_len:] for k, v in hist.items() if k != "user_features"}
         n_pre = p - user - suffix_len
-        first, mem, med, p99 = _time(lambda pre=pre: model.prefill(0, pre), repeats)
-        rows.append(PathResult("prefill", p, 0, suffix_len, med, p99, first, mem,
-                               count_flops(cfg, "prefill", n_pre + user) / med / 1e6))
-        progress(f"P={p}: prefill {med:.1f} ms")
+        row = timed("prefill", p, 0, suffix_len, lambda pre=pre: model.prefill(0, pre),
+                    count_flops(cfg, "prefill", n_pre + user))
+        progress(f"P={p}: prefill {row.median_ms:.1f} ms ({row.gflops / row.matmul_gflops_near:.0%} of the matmul "
+                 f"rate near it, {row.matmul_gflops_near:.1f} GFLOP/s)")
         for m in candidates:
             cands = rng.integers(1, cfg.num_items + 1, m)
-            first, mem, med, p99 = _time(lambda hist=hist, cands=cands: model.rank_full(hist, cands), repeats)
-            rows.append(PathResult("full", p, m, 0, med, p99, first, mem,
-                                   count_flops(cfg, "full", p, m) / med / 1e6))
+            full = timed("full", p, m, 0, lambda hist=hist, cands=cands: model.rank_full(hist, cands),
+                         count_flops(cfg, "full", p, m))
+
             def cached(suf=suf, cands=cands, n_pre=n_pre):
                 return model.rank_cached(0, n_pre, suf, cands)
 
-            first, mem, med_c, p99 = _time(cached, repeats)
-            rows.append(PathResult("cached", p, m, suffix_len, med_c, p99, first, mem,
-                                   count_flops(cfg, "cached", suffix_len, m, past=n_pre + user) / med_c / 1e6))
-            progress(f"P={p} M={m}: full {med:.1f} ms, cached {med_c:.1f} ms, ratio {med / med_c:.1f}x")
-    # The machine's rate drifts during a run: the graphs are judged against the faster of two measurements.
-    matmul_end = measure_matmul_gflops()
-    progress(f"matmul 2048^2 fp32 after the sweep: {matmul_end:.1f} GFLOP/s")
-    matmul = max(matmul_start, matmul_end)
-    results = [dict(asdict(r), matmul_share=r.gflops / matmul) for r in rows]
-    return {"matmul_gflops": matmul, "matmul_gflops_start": matmul_start, "matmul_gflops_end": matmul_end,
-            "fused_kernels": model.fused, "repeats": repeats, "results": results}
+            cac = timed("cached", p, m, suffix_len, cached,
+                        count_flops(cfg, "cached", suffix_len, m, past=n_pre + user))
+            progress(f"P={p} M={m}: full {full.median_ms:.1f} ms ({full.gflops / full.matmul_gflops_near:.0%}), "
+                     f"cached {cac.median_ms:.1f} ms ({cac.gflops / cac.matmul_gflops_near:.0%}), "
+                     f"ratio {full.median_ms / cac.median_ms:.1f}x")
+    progress(f"matmul 2048^2 fp32 after the sweep: {probes[-1]:.1f} GFLOP/s "
+             f"(range over the run {min(probes):.1f}-{max(probes):.1f})")
+    matmul = max(probes)
+    results = [dict(asdict(r), matmul_share=r.gflops / matmul, near_share=r.gflops / r.matmul_gflops_near)
+               for r in rows]
+    return {"matmul_gflops": matmul, "matmul_gflops_start": probes[0], "matmul_gflops_end": probes[-1],
+            "matmul_gflops_all": probes, "fused_kernels": model.fused, "repeats": repeats, "results": results}
 
 
 def format_table(report: dict[str, Any]) -> str:
     """A plain-text table: one row per (P, M) with the three paths side by side."""
     res = report["results"]
     by = {(r["path"], r["prefix_len"], r["candidates"]): r for r in res}
-    head = (f"{'P':>5} {'M':>4} | {'full ms':>9} {'p99':>7} {'GF/s':>5} {'%mm':>4} | {'prefill ms':>10} {'GF/s':>5} "
-            f"{'%mm':>4} | {'cached ms':>9} {'p99':>7} {'GF/s':>5} {'%mm':>4} | {'full/cached':>11} | "
-            f"{'mem MB f/p/c':>14}")
-    lines = [f"matmul 2048^2 (measured before / after the sweep): {report['matmul_gflops_start']:.1f} / "
-             f"{report['matmul_gflops_end']:.1f} GFLOP/s; %mm = share of the faster, "
-             f"{report['matmul_gflops']:.1f}; fused kernels: {report['fused_kernels']}", head, "-" * len(head)]
+    head = (f"{'P':>5} {'M':>4} | {'full ms':>9} {'p99':>7} {'GF/s':>5} {'near':>4} {'%max':>4} | "
+            f"{'prefill ms':>10} {'GF/s':>5} {'near':>4} {'%max':>4} | {'cached ms':>9} {'p99':>7} {'GF/s':>5} "
+            f"{'near':>4} {'%max':>4} | {'full/cached':>11} | {'mem MB f/p/c':>14}")
+    lines = [f"matmul 2048^2 GFLOP/s: {report['matmul_gflops_start']:.1f} before the sweep, "
+             f"{report['matmul_gflops_end']:.1f} after it, {report['matmul_gflops']:.1f} fastest; "
+             f"near = share of the faster measurement right before / after that path, %max = share of the fastest; "
+             f"fused kernels: {report['fused_kernels']}", head, "-" * len(head)]
     for r in res:
         if r["path"] != "full":
             continue
         p, m = r["prefix_len"], r["candidates"]
         pre, cac = by[("prefill", p, 0)], by[("cached", p, m)]
         lines.append(f"{p:>5} {m:>4} | {r['median_ms']:>9.1f} {r['p99_ms']:>7.1f} {r['gflops']:>5.0f} "
-                     f"{r['matmul_share']:>4.0%} | {pre['median_ms']:>10.1f} {pre['gflops']:>5.0f} "
-                     f"{pre['matmul_share']:>4.0%} | {cac['median_ms']:>9.1f} {cac['p99_ms']:>7.1f} "
-                     f"{cac['gflops']:>5.0f} {cac['matmul_share']:>4.0%} | "
+                     f"{r['near_share']:>4.0%} {r['matmul_share']:>4.0%} | {pre['median_ms']:>10.1f} "
+                     f"{pre['gflops']:>5.0f} {pre['near_share']:>4.0%} {pre['matmul_share']:>4.0%} | "
+                     f"{cac['median_ms']:>9.1f} {cac['p99_ms']:>7.1f} {cac['gflops']:>5.0f} "
+                     f"{cac['near_share']:>4.0%} {cac['matmul_share']:>4.0%} | "
                      f"{r['median_ms'] / cac['median_ms']:>10.1f}x | "
                      f"{r['memory_mb']:>4.0f}/{pre['memory_mb']:>4.0f}/{cac['memory_mb']:>4.0f}")
     return "\n".join(lines)

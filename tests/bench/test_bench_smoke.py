@@ -40,9 +40,16 @@ def test_bench_model(tmp_path, capsys):
     )
     report = json.loads(out.read_text())
     assert {r["path"] for r in report["results"]} == {"full", "prefill", "cached"}
-    assert report["matmul_gflops"] == max(report["matmul_gflops_start"], report["matmul_gflops_end"]) > 0
-    for row in report["results"]:  # each graph's share of the faster matmul measurement
+    probes = report["matmul_gflops_all"]
+    assert len(probes) == 1 + len(report["results"])  # before the sweep, then after every path
+    assert report["matmul_gflops"] == max(probes) > 0
+    assert (probes[0], probes[-1]) == (report["matmul_gflops_start"], report["matmul_gflops_end"])
+    for i, row in enumerate(report["results"]):  # each graph's share of the run's fastest matmul measurement
         assert row["matmul_share"] == pytest.approx(row["gflops"] / report["matmul_gflops"])
+        # ... and of the faster of the two measurements around it
+        assert row["matmul_gflops_near"] == max(probes[i], probes[i + 1])
+        assert row["near_share"] == pytest.approx(row["gflops"] / row["matmul_gflops_near"])
+        assert row["near_share"] >= row["matmul_share"]
     assert "full/cached" in capsys.readouterr().out
     assert (tmp_path / "model.config.yaml").is_file()
 
