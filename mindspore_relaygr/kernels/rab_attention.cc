@@ -297,6 +297,30 @@ int64_t numel(int ndim, const int64_t *shape) {
   return n;
 }
 
+// RabIndex over queries [q0, q0 + rows) and keys [k0, k0 + cols) of params[0..9] (see RabIndex) into idx.
+int rab_index(void **params, int *ndims, int64_t **shapes, int64_t q0, int64_t rows, int64_t k0, int64_t cols,
+              int32_t *idx) {
+  const int32_t *q_pos = static_cast<const int32_t *>(params[0]) + q0;
+  const float *q_hi = static_cast<const float *>(params[1]) + q0;
+  const float *q_lo = static_cast<const float *>(params[2]) + q0;
+  const int32_t *k_pos = static_cast<const int32_t *>(params[3]) + k0;
+  const float *k_hi = static_cast<const float *>(params[4]) + k0;
+  const float *k_lo = static_cast<const float *>(params[5]) + k0;
+  const uint8_t *k_valid = static_cast<const uint8_t *>(params[6]) + k0;  // bool, one byte
+  const int32_t *pos_lut = static_cast<const int32_t *>(params[7]);
+  const float *thr = static_cast<const float *>(params[8]);
+  const float *p = static_cast<const float *>(params[9]);
+  const int32_t max_rel = static_cast<int32_t>(numel(ndims[7], shapes[7]) - 1);
+  const int32_t max_tb = static_cast<int32_t>(numel(ndims[8], shapes[8]) - 2);
+  const RabParams prm{pos_lut, thr, max_rel, max_tb, static_cast<int32_t>(p[0]), static_cast<int32_t>(p[2]), p[1]};
+  parallel_rows(rows, cols, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {
+      rab_index_row(RabQuery{q_pos[i], q_hi[i], q_lo[i]}, k_pos, k_hi, k_lo, k_valid, prm, idx + i * cols, cols);
+    }
+  });
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -308,28 +332,23 @@ extern "C" {
 int RabIndex(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
              void *extra) {
   if (nparam != 11) return 1;
-  const int32_t *q_pos = static_cast<const int32_t *>(params[0]);
-  const float *q_hi = static_cast<const float *>(params[1]);
-  const float *q_lo = static_cast<const float *>(params[2]);
-  const int32_t *k_pos = static_cast<const int32_t *>(params[3]);
-  const float *k_hi = static_cast<const float *>(params[4]);
-  const float *k_lo = static_cast<const float *>(params[5]);
-  const uint8_t *k_valid = static_cast<const uint8_t *>(params[6]);  // bool, one byte
-  const int32_t *pos_lut = static_cast<const int32_t *>(params[7]);
-  const float *thr = static_cast<const float *>(params[8]);
-  const float *p = static_cast<const float *>(params[9]);
-  int32_t *idx = static_cast<int32_t *>(params[10]);
-  const int64_t rows = numel(ndims[0], shapes[0]);
-  const int64_t cols = numel(ndims[3], shapes[3]);
-  const int32_t max_rel = static_cast<int32_t>(numel(ndims[7], shapes[7]) - 1);
-  const int32_t max_tb = static_cast<int32_t>(numel(ndims[8], shapes[8]) - 2);
-  const RabParams prm{pos_lut, thr, max_rel, max_tb, static_cast<int32_t>(p[0]), static_cast<int32_t>(p[2]), p[1]};
-  parallel_rows(rows, cols, [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0; i < r1; ++i) {
-      rab_index_row(RabQuery{q_pos[i], q_hi[i], q_lo[i]}, k_pos, k_hi, k_lo, k_valid, prm, idx + i * cols, cols);
-    }
-  });
-  return 0;
+  const int64_t rows = numel(ndims[0], shapes[0]), cols = numel(ndims[3], shapes[3]);
+  return rab_index(params, ndims, shapes, 0, rows, 0, cols, static_cast<int32_t *>(params[10]));
+}
+
+// RabIndex of a window: queries [q0, q0 + B) and keys [k0, k0 + K) of the query and key arrays, which need not be
+// sliced first (a block of a long prefix: its graph then runs one op per block instead of eight).
+// inputs: as RabIndex (query arrays [Bq], key arrays [Kk]), then window[2] i64 = (q0, k0), rows[B] and cols[K] (any
+//         dtype: only their shapes are read, they give the output its shape)
+// output: idx[B, K] i32
+int RabIndexWindow(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                   void *extra) {
+  if (nparam != 14) return 1;
+  const int64_t *window = static_cast<const int64_t *>(params[10]);
+  const int64_t rows = numel(ndims[11], shapes[11]), cols = numel(ndims[12], shapes[12]);
+  const int64_t q0 = window[0], k0 = window[1];
+  if (q0 < 0 || k0 < 0 || q0 + rows > numel(ndims[0], shapes[0]) || k0 + cols > numel(ndims[3], shapes[3])) return 2;
+  return rab_index(params, ndims, shapes, q0, rows, k0, cols, static_cast<int32_t *>(params[13]));
 }
 
 // inputs: scores[H, B, K] f32, idx[Bi, K] i32 (Bi == B, or 1 to share one row), table[H, T] f32

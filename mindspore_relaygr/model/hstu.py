@@ -69,12 +69,14 @@ class RelativeBias(nn.Cell):
         params = [cfg.num_pos_buckets, cfg.time_bucket_scale, self.mask_index]
         self.fused_params = Tensor(np.array(params, np.float32))
         self.fused_index_op = None
+        self.fused_window_op = None
         self.fused_weights_op = None
         self.fused_attention_op = None
 
     def enable_fused(self, fused_ops) -> None:
         """Attach the fused CPU kernels (model/kernels.py); graphs built with fused=True use them."""
         self.fused_index_op = fused_ops.rab_index
+        self.fused_window_op = fused_ops.rab_index_window
         self.fused_weights_op = fused_ops.bias_silu
         self.fused_attention_op = fused_ops.attention
 
@@ -94,6 +96,13 @@ class RelativeBias(nn.Cell):
         if fused:
             return self.fused_index_op(*q_meta[:3], *k_meta, self.pos_lut, self.fused_thresholds, self.fused_params)
         return self.gather(self.index(*q_meta, *k_meta))
+
+    def prepare_window(self, q_meta: tuple, q_rows: tuple[int, int], k_meta: tuple, k_rows: tuple[int, int]) -> Tensor:
+        """Fused bucket indices [B, K] of queries q_rows = [start, stop) of q_meta over keys k_rows of k_meta,
+        read in place: no slices of the metadata first (one op where a block would otherwise need eight)."""
+        (q0, q1), (k0, k1) = q_rows, k_rows
+        return self.fused_window_op(*q_meta[:3], *k_meta, self.pos_lut, self.fused_thresholds, self.fused_params,
+                                    Tensor([q0, k0], mstype.int64), shape_carrier(q1 - q0), shape_carrier(k1 - k0))
 
     def weights(self, fused: bool, scores: Tensor, prepared: Tensor) -> Tensor:
         """SiLU(scores + rab) for one query block, scores [h, B, K]."""
@@ -292,6 +301,11 @@ def pointwise_attention(rab: RelativeBias, fused: bool, query: tuple, kv: tuple,
         keys, values = take(keys, 0, num_keys, 1), take(values, 0, num_keys, 1)
     out = ops.bmm(rab.weights(fused, _bmm_nt(q, keys), prepared), values) * inv_norm
     return ops.reshape(ops.transpose(out, (1, 0, 2)), (out.shape[1], -1))
+
+
+def shape_carrier(*shape: int) -> Tensor:
+    """A graph constant whose only use is its shape (a kernel's output shape): no op runs to make it."""
+    return Tensor(np.zeros(shape, np.int8))
 
 
 def take(x: Tensor, start: int, stop: int, axis: int = 0) -> Tensor:

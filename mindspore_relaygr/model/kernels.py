@@ -83,6 +83,9 @@ class FusedOps:
     """The fused primitives; see rab_attention.cc for their contracts."""
 
     rab_index: Any  # (q_pos, q_hi, q_lo, k_pos, k_hi, k_lo, k_valid, pos_lut, thresholds, params) -> [B, K]
+    # (the rab_index inputs, window [2] i64 = (q0, k0), rows [B], cols [K]) -> [B, K] for queries [q0, q0 + B) and
+    # keys [k0, k0 + K) of the arrays (rows and cols only give the shape)
+    rab_index_window: Any
     bias_silu: Any  # (scores [H, B, K], idx [B or 1, K], table [H, T]) -> SiLU(scores + bias) [H, B, K]
     # (q, q_at, then key segments (k, k_at, v, v_at, idx [B or 1, K]), table [H, T], scales [2], like [B, H*dv])
     # -> [B, H*dv], summed over the segments;
@@ -135,6 +138,9 @@ def load_fused_ops() -> FusedOps | None:
         _cached = FusedOps(
             rab_index=ops.Custom(f"{lib}:RabIndex", out_shape=lambda qp, *rest: (qp[0], rest[2][0]),
                                  out_dtype=mstype.int32, func_type="aot"),
+            rab_index_window=ops.Custom(f"{lib}:RabIndexWindow",
+                                        out_shape=lambda *shapes: (shapes[-2][0], shapes[-1][0]),
+                                        out_dtype=mstype.int32, func_type="aot"),
             bias_silu=ops.Custom(f"{lib}:BiasSilu", out_shape=lambda s, i, t: s,
                                  out_dtype=lambda s, i, t: s, func_type="aot"),
             attention=attention,

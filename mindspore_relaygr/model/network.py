@@ -14,7 +14,7 @@ from mindspore import dtype as mstype
 from mindspore.common.initializer import Normal, initializer
 
 from mindspore_relaygr.config import ModelConfig
-from mindspore_relaygr.model.hstu import HSTULayer, RelativeBias, pointwise_attention, query_blocks, take
+from mindspore_relaygr.model.hstu import HSTULayer, RelativeBias, pointwise_attention, query_blocks, shape_carrier, take
 from mindspore_relaygr.model.pool import KVPool
 
 
@@ -97,8 +97,7 @@ class HSTUNet(nn.Cell):
         rows = n if cand is None else n + cand.shape[0]
         if cand is not None:
             x = ops.concat((x, cand))
-        new_idx = [self.rab.prepare(True, tuple(take(m, s, e) for m in meta[:3]), tuple(take(m, 0, e) for m in meta))
-                   for s, e in blocks]
+        new_idx = [self.rab.prepare_window(meta, (s, e), meta, (0, e)) for s, e in blocks]
         cand_idx = None if cand is None else self._candidate_rows(self.rab.prepare(True, cand_meta, meta), rows - n)
         if cand_idx is not None:
             # The last block's rows see no candidate keys; then the candidate rows.
@@ -107,8 +106,7 @@ class HSTUNet(nn.Cell):
             new_idx[-1] = ops.concat((ops.concat((new_idx[-1], masked), axis=1), cand_idx))
         past_idx = cand_past_idx = None
         if past is not None:
-            q_meta = tuple(take(m, 0, n) for m in meta[:3])
-            past_idx = self.rab.prepare(True, q_meta, past[1:])
+            past_idx = self.rab.prepare_window(meta, (0, n), past[1:], (0, past[1].shape[0]))
             if cand is not None:
                 cand_past_idx = self.rab.prepare(True, cand_meta, past[1:])
                 past_idx = ops.concat((past_idx, cand_past_idx))  # the candidates share its last row
@@ -131,7 +129,8 @@ class HSTUNet(nn.Cell):
                     av = ()
                     for b, (s, e) in enumerate(blocks):
                         e = rows if b == len(blocks) - 1 else e
-                        av += (self._attend_rows(layer, y, s, new_kv, new_idx[b], take(u, s, e)),)
+                        like = shape_carrier(e - s, u.shape[1])  # the block's output shape, without slicing u
+                        av += (self._attend_rows(layer, y, s, new_kv, new_idx[b], like),)
                     av = ops.concat(av) if len(av) > 1 else av[0]
                     if past is not None:
                         av = av + self._attend_rows(layer, y, 0, past_kv, past_idx, u)
