@@ -14,8 +14,8 @@
 // All follow the reference ops in mindspore_relaygr/model/hstu.py exactly: time buckets are defined
 // by thresholds (bucket = number of thresholds <= dt), found here with a fast log estimate plus an
 // exact +-1 correction against the same thresholds. Build with -ffp-contract=off so hi * 65536 + lo is
-// rounded exactly like the reference (no fused multiply-add). Threads are plain std::threads joined
-// before returning: OpenMP's spinning workers would steal the cores MindSpore's own kernels use.
+// rounded exactly like the reference (no fused multiply-add). Threads come from a small pool of our own whose
+// workers sleep between calls: OpenMP's spinning workers would steal the cores MindSpore's own kernels use.
 #include <dlfcn.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -27,8 +27,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 namespace {
 
@@ -40,6 +45,87 @@ int64_t kernel_threads() {
   return hw > 0 ? hw : 1;
 }
 
+// Worker threads kept for the life of the process, parked on a condition variable between kernel calls (never
+// spinning, so they take no core from MindSpore's own kernels). A kernel call costs a wake-up (~10 us) instead of
+// a thread creation (~37 us here), and each worker keeps its thread_local scratch buffers from call to call. One
+// run at a time: a caller that finds the pool busy (another thread is running a kernel) spawns threads instead.
+class WorkerPool {
+ public:
+  // This process's pool: a forked child (whose copy has no threads) builds its own; the old one is left alone.
+  static WorkerPool &get() {
+    static std::atomic<WorkerPool *> pool{nullptr};
+    static std::atomic<pid_t> owner{0};
+    const pid_t pid = getpid();
+    WorkerPool *current = pool.load();
+    if (current == nullptr || owner.load() != pid) {
+      static std::mutex create_mu;  // a child that forked while it was held never reaches here twice
+      std::lock_guard<std::mutex> lock(create_mu);
+      current = pool.load();
+      if (current == nullptr || owner.load() != pid) {
+        current = new WorkerPool();  // never deleted: parked workers may outlive static destructors
+        pool.store(current);
+        owner.store(pid);
+      }
+    }
+    return *current;
+  }
+
+  // body(t) for t in [0, threads): t = 0 on the calling thread, the others on workers; returns when all are done.
+  void run(int64_t threads, const std::function<void(int64_t)> &body) {
+    std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
+    if (!busy.owns_lock()) {
+      spawn(threads, body);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (static_cast<int64_t>(workers_.size()) < threads - 1) {
+        const int64_t index = static_cast<int64_t>(workers_.size()) + 1;
+        workers_.emplace_back([this, index] { work(index); });
+        workers_.back().detach();
+      }
+      job_ = &body;
+      wanted_ = threads;
+      pending_ = threads - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    body(0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  static void spawn(int64_t threads, const std::function<void(int64_t)> &body) {
+    std::vector<std::thread> extra;
+    for (int64_t t = 1; t < threads; ++t) extra.emplace_back(body, t);
+    body(0);
+    for (auto &th : extra) th.join();
+  }
+
+  void work(int64_t index) {
+    int64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (index >= wanted_) continue;  // this run needs fewer threads
+      const std::function<void(int64_t)> *job = job_;
+      lock.unlock();
+      (*job)(index);
+      lock.lock();
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex run_mu_, mu_;
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int64_t)> *job_ = nullptr;
+  int64_t generation_ = 0, wanted_ = 0, pending_ = 0;
+};
+
 template <typename F>
 void parallel_rows(int64_t rows, int64_t work_per_row, F fn) {
   int64_t threads = kernel_threads();
@@ -50,14 +136,11 @@ void parallel_rows(int64_t rows, int64_t work_per_row, F fn) {
     fn(0, rows);
     return;
   }
-  std::vector<std::thread> pool;
   const int64_t step = (rows + threads - 1) / threads;
-  for (int64_t t = 1; t < threads; ++t) {
+  WorkerPool::get().run(threads, [&](int64_t t) {
     const int64_t lo = t * step, hi = std::min(rows, lo + step);
-    if (lo < hi) pool.emplace_back(fn, lo, hi);
-  }
-  fn(0, std::min(rows, step));
-  for (auto &th : pool) th.join();
+    if (lo < hi) fn(lo, hi);
+  });
 }
 
 // Natural log estimate (|error| < 1e-4) for x >= 1; branch-free so loops vectorize.
@@ -282,13 +365,14 @@ template <typename F>
 void parallel_items(int64_t items, F fn) {
   const int64_t threads = std::min(kernel_threads(), std::max<int64_t>(items, 1));
   std::atomic<int64_t> next{0};
-  auto worker = [&]() {
+  auto worker = [&](int64_t) {
     for (int64_t i = next.fetch_add(1); i < items; i = next.fetch_add(1)) fn(i);
   };
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto &th : pool) th.join();
+  if (threads <= 1) {
+    worker(0);
+    return;
+  }
+  WorkerPool::get().run(threads, worker);
 }
 
 int64_t numel(int ndim, const int64_t *shape) {
