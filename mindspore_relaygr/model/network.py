@@ -147,8 +147,7 @@ class HSTUNet(nn.Cell):
     def _candidate_rows(self, row, num_cands):
         """Bucket indices of the candidates over [history | candidates] keys: the shared history row [1, n],
         then each candidate over itself (index 0 = distance 0, time 0) and no other candidate."""
-        eye = ops.eye(num_cands, num_cands, mstype.int32)
-        own = (1 - eye) * self.rab.mask_index
+        own = Tensor(np.where(np.eye(num_cands, dtype=bool), 0, self.rab.mask_index).astype(np.int32))  # a constant
         return ops.concat((ops.broadcast_to(row, (num_cands, row.shape[1])), own), axis=1)
 
     def _attend_rows(self, layer, y, first_row, kv, idx, like, more=()):
@@ -225,7 +224,8 @@ class FullGraph(nn.Cell):
 
 
 def _read_past(pool: KVPool, direct: bool, kv_ids, time_ids, past_pos, past_valid):
-    """The `past` of HSTUNet.encode from a slot: views into the pool (fused kernel) or gathered K/V."""
+    """The `past` of HSTUNet.encode from a slot: views into the pool (fused kernel; kv_ids is then the slot's
+    PoolLayout.read_views) or gathered K/V (kv_ids = PoolLayout.read_ids)."""
     if direct:
         views = pool.layer_views(kv_ids)
         hi, lo = pool.read_times(time_ids)

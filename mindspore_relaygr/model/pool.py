@@ -77,9 +77,23 @@ class PoolLayout:
 
     def read_ids(self, slot: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
         """(K/V row ids [L*H*bucket], time row ids [bucket]) of the first `bucket` tokens."""
-        t = np.arange(bucket)
-        kv = (self._kv_base(slot) + t).reshape(-1)
-        return kv.astype(np.int32), (slot * self.slot_len + t).astype(np.int32)
+        kv = (self._kv_base(slot) + np.arange(bucket)).reshape(-1)
+        return kv.astype(np.int32), self.read_time_ids(slot, bucket)
+
+    def read_time_ids(self, slot: int, bucket: int) -> np.ndarray:
+        """Time row ids [bucket] of the first `bucket` tokens of `slot`."""
+        return (slot * self.slot_len + np.arange(bucket)).astype(np.int32)
+
+    def read_views(self, slot: int) -> np.ndarray:
+        """The fused attention kernel's views of `slot`: int64 [L * 8], per layer the K view then the V view, each
+        (offset of head 0 token 0, head stride, row stride, width) in elements of the K / V pool."""
+        first = self._kv_base(slot)[:, 0, 0]  # row of head 0, token 0 of each layer
+        views = np.empty((self.num_layers, 2, 4), np.int64)
+        views[:, 0] = np.stack([first * self.d_qk, np.full_like(first, self.slot_len * self.d_qk),
+                                np.full_like(first, self.d_qk), np.full_like(first, self.d_qk)], axis=1)
+        views[:, 1] = np.stack([first * self.d_v, np.full_like(first, self.slot_len * self.d_v),
+                                np.full_like(first, self.d_v), np.full_like(first, self.d_v)], axis=1)
+        return views.reshape(-1)
 
     def write_ids(self, slot: int, start: int, count: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
         """Row ids for tokens [start, start+count) of `slot`, padded to `bucket` with scratch rows."""
@@ -158,20 +172,17 @@ class KVPool(nn.Cell):
             values += (ops.reshape(ops.gather(self.values, ids, 0), (lay.num_heads, -1, lay.d_v)),)
         return (keys, values) + self.read_times(time_ids)
 
-    def layer_views(self, kv_ids: Tensor) -> tuple:
+    def layer_views(self, views: Tensor) -> tuple:
         """Per layer (keys, K at, values, V at): the slot's K/V read in place by the fused attention kernel.
 
-        The heads of a slot's layer are slot_len rows apart (see PoolLayout), so a view (offset of head 0's
-        first token, head stride, row stride, width) covers them and no gather copies the cached K/V.
+        `views` is PoolLayout.read_views(slot) (computed on the host: the graph only slices it), so no gather
+        copies the cached K/V and no ops build the view offsets.
         """
-        lay = self.layout
-        per_layer = kv_ids.shape[0] // lay.num_layers
-        views = ()
-        for layer in range(lay.num_layers):
-            first = ops.cast(ops.slice(kv_ids, (layer * per_layer,), (1,)), mstype.int64)
-            views += ((self.keys, ops.concat((first * lay.d_qk, self.key_view_tail)),
-                       self.values, ops.concat((first * lay.d_v, self.value_view_tail))),)
-        return views
+        out = ()
+        for layer in range(self.layout.num_layers):
+            out += ((self.keys, ops.slice(views, (8 * layer,), (4,)),
+                     self.values, ops.slice(views, (8 * layer + 4,), (4,))),)
+        return out
 
     def read_times(self, time_ids: Tensor) -> tuple[Tensor, Tensor]:
         """Timestamps (hi [P], lo [P]) of a slot's first P tokens."""

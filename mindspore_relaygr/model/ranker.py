@@ -367,8 +367,11 @@ class RelayGRModel:
                 tokens.times[:, 1].copy(), tokens.valid)
 
     def _past_args(self, slot: int, num_tokens: int, bucket: int) -> tuple[np.ndarray, ...]:
-        kv_ids, time_ids = self.layout.read_ids(slot, bucket)
-        return kv_ids, time_ids, np.arange(bucket, dtype=np.int32), np.arange(bucket) < num_tokens
+        if self.net.rab.reads_views(self.fused):  # the graphs read the slot in place: they need only its views
+            kv, time_ids = self.layout.read_views(slot), self.layout.read_time_ids(slot, bucket)
+        else:
+            kv, time_ids = self.layout.read_ids(slot, bucket)
+        return kv, time_ids, np.arange(bucket, dtype=np.int32), np.arange(bucket) < num_tokens
 
     def _candidate_args(self, cands: np.ndarray, position: int, last_time: int) -> tuple[np.ndarray, ...]:
         """Padded candidate ids and the one (position, time) all candidates share."""

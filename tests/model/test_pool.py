@@ -19,6 +19,22 @@ def test_read_ids_are_head_major_and_inside_the_slot():
     np.testing.assert_array_equal(times, 8 + np.arange(4))
 
 
+@pytest.mark.parametrize("slot", [0, 2])
+def test_read_views_address_the_rows_read_ids_name(slot):
+    """Element (head h, token t, column c) of layer l's K view is the pool row read_ids gives (l, h, t)."""
+    layout = PoolLayout(num_slots=3, slot_len=8, num_layers=2, num_heads=2, d_qk=4, d_v=6)
+    views = layout.read_views(slot).reshape(2, 2, 4)
+    kv, _ = layout.read_ids(slot, 8)
+    rows = kv.reshape(2, 2, 8)
+    for layer in range(2):
+        for part, width in ((0, 4), (1, 6)):
+            offset, head_stride, row_stride, w = views[layer, part]
+            assert w == width
+            for h in range(2):
+                for t in range(8):
+                    assert offset + h * head_stride + t * row_stride == rows[layer, h, t] * width
+
+
 def test_write_ids_send_padding_to_distinct_scratch_rows():
     kv, times = LAYOUT.write_ids(2, start=6, count=2, bucket=4)
     assert len(set(kv.tolist())) == kv.size
