@@ -74,6 +74,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_model(args: argparse.Namespace) -> int:
+    from mindspore_relaygr.bench import plots
     from mindspore_relaygr.bench.model_bench import format_table, run_model_bench, write_report
 
     cfg = load_config(args.config, ["cache.num_slots=1", *args.override])
@@ -84,7 +85,8 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
     out = Path(args.out)
     write_report(report, out)
     save_config(cfg, out.with_suffix(".config.yaml"))
-    print(f"[bench] wrote {out}")
+    plots.plot_model_bench(report, out.with_suffix(".png"))
+    print(f"[bench] wrote {out} and {out.with_suffix('.png').name}")
     return 0
 
 

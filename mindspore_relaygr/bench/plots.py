@@ -1,4 +1,4 @@
-"""PNG plots of the headline benchmarks (matplotlib, Agg backend)."""
+"""PNG plots of the benchmarks (matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,46 @@ def plot_slo_throughput(result: dict[str, Any], path: Path) -> None:
     bx.legend(fontsize=8)
     if by_slo:
         _plot_by_slo(axes[2], result, "SLO-compliant QPS")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def matplotlib_ticker():
+    import matplotlib.ticker
+
+    return matplotlib.ticker
+
+
+def plot_model_bench(report: dict[str, Any], path: Path, target_share: float = 0.5) -> None:
+    """`bench model`: median latency of each path vs prefix length, and each path's share of the matmul rate
+    (near: the faster measurement right before / after it) with the target line."""
+    plt = _pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
+    rows = report["results"]
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        label = "prefill" if r["path"] == "prefill" else f"{r['path']} M={r['candidates']}"
+        series.setdefault(label, []).append(r)
+    for label, pts in sorted(series.items()):
+        pts = sorted(pts, key=lambda r: r["prefix_len"])
+        style = "k^-" if label == "prefill" else ("o-" if label.startswith("full") else "s--")
+        lens = [r["prefix_len"] for r in pts]
+        ax.plot(lens, [r["median_ms"] for r in pts], style, label=label)
+        bx.plot(lens, [100 * r["near_share"] for r in pts], style, label=label)
+    ax.set(xlabel="prefix length P (events)", ylabel="median latency (ms)", xscale="log", yscale="log",
+           title="graph latency (rank_full, prefill, rank_cached)")
+    bx.axhline(100 * target_share, color="red", linestyle="--", label=f"target {target_share:.0%} (at P=4096, M=128)")
+    bx.set(xlabel="prefix length P (events)", ylabel="% of the machine's matmul GFLOP/s", xscale="log",
+           title=f"share of the matmul rate (measured {min(report['matmul_gflops_all']):.0f}-"
+                 f"{max(report['matmul_gflops_all']):.0f} GFLOP/s in the run)")
+    lens = sorted({r["prefix_len"] for r in rows})
+    for axis in (ax, bx):
+        axis.xaxis.set_minor_locator(matplotlib_ticker().NullLocator())
+        axis.set_xticks(lens)
+        axis.set_xticklabels([str(p) for p in lens])
+    ax.legend(fontsize=7, ncol=2)
+    bx.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -52,6 +52,7 @@ def test_bench_model(tmp_path, capsys):
         assert row["near_share"] >= row["matmul_share"]
     assert "full/cached" in capsys.readouterr().out
     assert (tmp_path / "model.config.yaml").is_file()
+    assert (tmp_path / "model.png").stat().st_size > 10_000  # latency and share plot
 
 
 def test_bench_cache(tmp_path):
