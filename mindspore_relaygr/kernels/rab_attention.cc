@@ -639,6 +639,56 @@ int64_t row_tiles(int64_t rows) {
   return std::max<int64_t>(1, std::min(rows, threads * per_thread));
 }
 
+// Rows [r0, r0 + rn) of y = SiLU(x w + b): every column, or (ranges != nullptr) only the `count` ascending column
+// ranges (start, end) listed in `ranges`, with zeros in the other columns.
+void project_tile(SgemmFn sgemm, const float *x, const float *w, const float *b, float *y, int64_t d, int64_t width,
+                  int64_t r0, int64_t rn, const int64_t *ranges, int64_t count) {
+  const int64_t full[2] = {0, width};
+  if (ranges == nullptr) ranges = full, count = 1;
+  float *yt = y + r0 * width;
+  int64_t done = 0;  // columns [0, done) of every row in the tile are written
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t lo = ranges[2 * i], hi = ranges[2 * i + 1];
+    for (int64_t r = 0; r < rn; ++r) std::fill(yt + r * width + done, yt + r * width + lo, 0.0f);
+    sgemm('N', 'N', rn, hi - lo, d, 1.0f, x + r0 * d, d, w + lo, width, 0.0f, yt + lo, width);
+    for (int64_t r = 0; r < rn; ++r) add_silu_span(yt + r * width + lo, b + lo, nullptr, yt + r * width + lo, hi - lo);
+    done = hi;
+  }
+  for (int64_t r = 0; r < rn; ++r) std::fill(yt + r * width + done, yt + (r + 1) * width, 0.0f);
+}
+
+// ProjectSilu's body: rows [0, first_full) get only the listed column ranges, rows [first_full, n) every column.
+// Row tiles of the two kinds are separate: a tile never mixes them.
+int project_silu(void **params, int *ndims, int64_t **shapes, float *y, int64_t first_full, const int64_t *ranges,
+                 int64_t count) {
+  const SgemmFn sgemm = g_sgemm.load();
+  if (sgemm == nullptr) return 1;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *w = static_cast<const float *>(params[1]);
+  const float *b = static_cast<const float *>(params[2]);
+  if (ndims[0] != 2 || ndims[1] != 2 || shapes[1][0] != shapes[0][1] || numel(ndims[2], shapes[2]) != shapes[1][1]) {
+    return 2;
+  }
+  const int64_t n = shapes[0][0], d = shapes[0][1], width = shapes[1][1];
+  for (int64_t i = 0, prev = 0; i < count; ++i) {
+    const int64_t lo = ranges[2 * i], hi = ranges[2 * i + 1];
+    if (lo < prev || hi <= lo || hi > width) return 3;
+    prev = hi;
+  }
+  first_full = std::min(std::max<int64_t>(first_full, 0), n);
+  const int64_t part_tiles = first_full > 0 ? row_tiles(first_full) : 0;
+  const int64_t full_tiles = n > first_full ? row_tiles(n - first_full) : 0;
+  const int64_t part_step = part_tiles ? (first_full + part_tiles - 1) / part_tiles : 0;
+  const int64_t full_step = full_tiles ? (n - first_full + full_tiles - 1) / full_tiles : 0;
+  parallel_items(part_tiles + full_tiles, [&](int64_t t) {
+    const bool part = t < part_tiles;
+    const int64_t r0 = part ? t * part_step : first_full + (t - part_tiles) * full_step;
+    const int64_t rn = std::min(part ? part_step : full_step, (part ? first_full : n) - r0);
+    if (rn > 0) project_tile(sgemm, x, w, b, y, d, width, r0, rn, part ? ranges : nullptr, count);
+  });
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -647,25 +697,8 @@ extern "C" {
 // output: y[n, W] f32 = SiLU(x w + b)
 int ProjectSilu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                 void *extra) {
-  const SgemmFn sgemm = g_sgemm.load();
-  if (nparam != 4 || sgemm == nullptr) return 1;
-  const float *x = static_cast<const float *>(params[0]);
-  const float *w = static_cast<const float *>(params[1]);
-  const float *b = static_cast<const float *>(params[2]);
-  float *y = static_cast<float *>(params[3]);
-  if (ndims[0] != 2 || ndims[1] != 2 || shapes[1][0] != shapes[0][1] || numel(ndims[2], shapes[2]) != shapes[1][1]) {
-    return 2;
-  }
-  const int64_t n = shapes[0][0], d = shapes[0][1], width = shapes[1][1];
-  const int64_t tiles = row_tiles(n), step = (n + tiles - 1) / tiles;
-  parallel_items(tiles, [&](int64_t t) {
-    const int64_t r0 = t * step, rn = std::min(step, n - r0);
-    if (rn <= 0) return;
-    float *yt = y + r0 * width;
-    sgemm('N', 'N', rn, width, d, 1.0f, x + r0 * d, d, w, width, 0.0f, yt, width);
-    for (int64_t r = 0; r < rn; ++r) add_silu_span(yt + r * width, b, nullptr, yt + r * width, width);
-  });
-  return 0;
+  if (nparam != 4) return 1;
+  return project_silu(params, ndims, shapes, static_cast<float *>(params[3]), 0, nullptr, 0);
 }
 
 // ProjectSilu where rows [0, first_full) need only some columns (a last layer's token rows: only their K and V
@@ -675,51 +708,11 @@ int ProjectSilu(int nparam, void **params, int *ndims, int64_t **shapes, const c
 // output: y[n, W] f32
 int ProjectSiluColumns(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                        void *extra) {
-  const SgemmFn sgemm = g_sgemm.load();
-  if (nparam != 5 || sgemm == nullptr) return 1;
-  const float *x = static_cast<const float *>(params[0]);
-  const float *w = static_cast<const float *>(params[1]);
-  const float *b = static_cast<const float *>(params[2]);
+  if (nparam != 5) return 1;
   const int64_t *spec = static_cast<const int64_t *>(params[3]);
-  float *y = static_cast<float *>(params[4]);
-  if (ndims[0] != 2 || ndims[1] != 2 || shapes[1][0] != shapes[0][1] || numel(ndims[2], shapes[2]) != shapes[1][1]) {
-    return 2;
-  }
-  const int64_t n = shapes[0][0], d = shapes[0][1], width = shapes[1][1], spec_len = numel(ndims[3], shapes[3]);
+  const int64_t spec_len = numel(ndims[3], shapes[3]);
   if (spec_len < 1 || spec_len % 2 != 1) return 3;
-  const int64_t first_full = std::min(std::max<int64_t>(spec[0], 0), n), ranges = (spec_len - 1) / 2;
-  for (int64_t i = 0, prev = 0; i < ranges; ++i) {
-    const int64_t lo = spec[1 + 2 * i], hi = spec[2 + 2 * i];
-    if (lo < prev || hi <= lo || hi > width) return 3;
-    prev = hi;
-  }
-  // Row tiles of the partial rows, then of the full rows: a tile never mixes the two.
-  const int64_t part_tiles = first_full > 0 ? row_tiles(first_full) : 0;
-  const int64_t full_tiles = n > first_full ? row_tiles(n - first_full) : 0;
-  const int64_t part_step = part_tiles ? (first_full + part_tiles - 1) / part_tiles : 0;
-  const int64_t full_step = full_tiles ? (n - first_full + full_tiles - 1) / full_tiles : 0;
-  parallel_items(part_tiles + full_tiles, [&](int64_t t) {
-    const bool part = t < part_tiles;
-    const int64_t r0 = part ? t * part_step : first_full + (t - part_tiles) * full_step;
-    const int64_t rn = std::min(part ? part_step : full_step, (part ? first_full : n) - r0);
-    if (rn <= 0) return;
-    float *yt = y + r0 * width;
-    if (!part) {
-      sgemm('N', 'N', rn, width, d, 1.0f, x + r0 * d, d, w, width, 0.0f, yt, width);
-      for (int64_t r = 0; r < rn; ++r) add_silu_span(yt + r * width, b, nullptr, yt + r * width, width);
-      return;
-    }
-    int64_t done = 0;  // columns [0, done) of every row in the tile are written
-    for (int64_t i = 0; i < ranges; ++i) {
-      const int64_t lo = spec[1 + 2 * i], hi = spec[2 + 2 * i];
-      for (int64_t r = 0; r < rn; ++r) std::fill(yt + r * width + done, yt + r * width + lo, 0.0f);
-      sgemm('N', 'N', rn, hi - lo, d, 1.0f, x + r0 * d, d, w + lo, width, 0.0f, yt + lo, width);
-      for (int64_t r = 0; r < rn; ++r) add_silu_span(yt + r * width + lo, b + lo, nullptr, yt + r * width + lo, hi - lo);
-      done = hi;
-    }
-    for (int64_t r = 0; r < rn; ++r) std::fill(yt + r * width + done, yt + (r + 1) * width, 0.0f);
-  });
-  return 0;
+  return project_silu(params, ndims, shapes, static_cast<float *>(params[4]), spec[0], spec + 1, (spec_len - 1) / 2);
 }
 
 // inputs: x[n, d] f32, av[n, e] f32, u[n, e] f32, gamma[e] f32, beta[e] f32, w2[d, e] f32 (nn.Dense layout),
