@@ -55,7 +55,8 @@ class ModelConfig:
     candidate_buckets: list[int] = field(default_factory=lambda: [16, 64])
     attention_block_len: int = 256  # query rows per attention block; bounds graph peak memory
     fused_kernels: bool | None = None  # null: fused C++ kernels on CPU when they build; true: required
-    dropout: float = 0.0
+    dropout: float = 0.0  # training only: on the input embeddings and before each layer's output projection
+    score_temperature: float = 0.05  # engage logit = cos(candidate state, item embedding) / this
     seed: int = 0
     version: str = "dev"  # part of every cache key; export sets it from the checkpoint
 
@@ -79,6 +80,7 @@ class ModelConfig:
         _require(self.attention_block_len > 0, "model.attention_block_len",
                  self.attention_block_len, "must be > 0")
         _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "must be in [0, 1)")
+        _require(self.score_temperature > 0, "model.score_temperature", self.score_temperature, "must be > 0")
 
     @property
     def has_user_token(self) -> bool:
@@ -284,21 +286,25 @@ TRAIN_INITS = ("xavier", "model")
 
 @dataclass
 class TrainConfig:
-    """Training of the ranker (one user sequence cut at a random point per step) and of the SASRec baseline."""
+    """Training of the ranker (batched windows, sampled softmax + candidate groups) and of the SASRec baseline."""
 
-    epochs: int = 10
+    epochs: int = 10  # at most; early stopping may end sooner
+    batch_size: int = 128  # users per step
     lr: float = 1e-3
+    beta2: float = 0.98  # AdamW second-moment decay (the HSTU reference)
     weight_decay: float = 0.0
-    num_negatives: int = 31  # sampled negatives per step; positives + negatives should fill a candidate bucket
-    num_positives: int = 1  # positives per step: the next event and the ones after it (1 = next item only)
+    num_negatives: int = 128  # uniform negatives per sequence for the every-position sampled softmax
+    num_cuts: int = 2  # candidate groups per sequence, each cut at a random event (M-FALCON)
+    num_candidate_negatives: int = 31  # negatives per candidate group
+    candidate_loss_weight: float = 1.0  # weight of the candidate-group softmax vs the every-position loss
+    high_rating_weight: float = 1.0  # weight of the high_rating BCE (on the groups' positives)
     max_history_len: int | None = None  # null: model.max_seq_len minus the user token
-    examples_per_user: int = 1  # cuts per user and epoch
-    high_rating_weight: float = 1.0  # weight of the high_rating loss (on the positive only) vs engage
     init: str = "xavier"  # xavier: re-initialize at the HSTU reference scales | model: keep HSTUNet's init
     eval_every: int = 1  # epochs between validations (best checkpoint by validation NDCG@10)
+    patience: int = 5  # validations without a better NDCG@10 before training stops
     max_eval_users: int | None = None  # null: validate on every user
-    log_every: int = 100  # steps between progress lines
-    seed: int = 0  # example order, cut points and training negatives
+    log_every: int = 20  # steps between progress lines
+    seed: int = 0  # batch order, cut points and training negatives
     output_dir: str = "outputs/train"
     sasrec_epochs: int = 20
     sasrec_lr: float = 1e-3
@@ -310,13 +316,14 @@ class TrainConfig:
     sasrec_dropout: float = 0.2
 
     def __post_init__(self) -> None:
-        for key in ("epochs", "num_negatives", "num_positives", "examples_per_user", "eval_every", "log_every",
+        for key in ("epochs", "batch_size", "num_negatives", "num_cuts", "eval_every", "patience", "log_every",
                     "sasrec_epochs", "sasrec_d_model", "sasrec_num_layers", "sasrec_num_heads", "sasrec_max_len",
                     "sasrec_batch_size"):
             _require(getattr(self, key) >= 1, f"train.{key}", getattr(self, key), "must be >= 1")
         for key in ("lr", "sasrec_lr"):
             _require(getattr(self, key) > 0, f"train.{key}", getattr(self, key), "must be > 0")
-        for key in ("weight_decay", "high_rating_weight"):
+        _require(0 < self.beta2 < 1, "train.beta2", self.beta2, "must be in (0, 1)")
+        for key in ("weight_decay", "high_rating_weight", "candidate_loss_weight", "num_candidate_negatives"):
             _require(getattr(self, key) >= 0, f"train.{key}", getattr(self, key), "must be >= 0")
         for key in ("max_history_len", "max_eval_users"):
             if getattr(self, key) is not None:

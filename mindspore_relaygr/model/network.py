@@ -35,7 +35,11 @@ class HSTUNet(nn.Cell):
         self.layers = nn.CellList([HSTULayer(cfg) for _ in range(cfg.num_layers)])
         self.rab = RelativeBias(cfg)
         self.final_norm = nn.LayerNorm((d,))
-        self.head = nn.Dense(d, len(cfg.task_names), weight_init=Normal(0.02))
+        # Task 0 (engage) is the cosine of the candidate's hidden state with its item embedding over a
+        # temperature (trained with sampled softmax); the other tasks come from a linear head.
+        num_head_tasks = len(cfg.task_names) - 1
+        self.head = nn.Dense(d, num_head_tasks, weight_init=Normal(0.02)) if num_head_tasks else None
+        self.inv_temperature = 1.0 / cfg.score_temperature
         self.inv_norm = 1.0 / cfg.max_seq_len  # constant N_norm (see ModelConfig.max_seq_len)
         # (q scale, 1 / N_norm) for the fused kernel, which applies both inside its GEMMs
         self.attention_scales = Tensor(np.array([self.layers[0].q_scale, self.inv_norm], np.float32))
@@ -65,8 +69,17 @@ class HSTUNet(nn.Cell):
         action = take(self.action_table, self.candidate_action, self.candidate_action + 1)
         return ops.gather(self.item_table, cand_ids, 0) + action
 
-    def logits(self, cand_hidden: Tensor) -> Tensor:
-        return self.head(self.final_norm(cand_hidden))
+    def logits(self, cand_hidden: Tensor, cand_ids: Tensor) -> Tensor:
+        """Candidate logits [M, tasks]: engage = cos(hidden, item embedding) / temperature, then the head."""
+        hidden = self.final_norm(cand_hidden)
+        engage = self.engage_logits(hidden, ops.gather(self.item_table, cand_ids, 0))
+        if self.head is None:
+            return ops.expand_dims(engage, -1)
+        return ops.concat((ops.expand_dims(engage, -1), self.head(hidden)), axis=-1)
+
+    def engage_logits(self, hidden: Tensor, item_emb: Tensor) -> Tensor:
+        """cos(hidden, item_emb) / temperature over the last axis (final-normed hidden states)."""
+        return ops.reduce_sum(unit(hidden) * unit(item_emb), -1) * self.inv_temperature
 
     def encode(self, x, meta, past, cand, cand_meta, fused):
         """Run all layers.
@@ -207,6 +220,11 @@ class HSTUNet(nn.Cell):
         return out
 
 
+def unit(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """x / ||x|| over the last axis (rsqrt form: ops.L2Normalize's CPU backward is ~40x slower)."""
+    return x * ops.rsqrt(ops.sum(x * x, -1, keepdim=True) + eps)
+
+
 class FullGraph(nn.Cell):
     """All tokens -> candidate logits (training, reference and the baseline serving path)."""
 
@@ -220,7 +238,7 @@ class FullGraph(nn.Cell):
         cand = self.net.embed_candidates(cand_ids)
         _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), None, cand, (cand_pos, cand_hi, cand_lo),
                                        self.fused)
-        return self.net.logits(hidden)
+        return self.net.logits(hidden, cand_ids)
 
 
 def _read_past(pool: KVPool, direct: bool, kv_ids, time_ids, past_pos, past_valid):
@@ -276,7 +294,7 @@ class CandidateGraph(nn.Cell):
         past = _read_past(self.pool, self.direct, past_kv_ids, past_time_ids, past_pos, past_valid)
         _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo),
                                        self.fused)
-        return self.net.logits(hidden)
+        return self.net.logits(hidden, cand_ids)
 
 
 class SlotReadGraph(nn.Cell):

@@ -95,8 +95,9 @@ class RelayGRModel:
     def version(self) -> str:
         return self.cfg.version
 
-    def rank_full(self, history: HistoryLike, candidate_ids: Any) -> np.ndarray:
-        """Scores [M, num_tasks] (probabilities) of the candidates after the whole history."""
+    def rank_full(self, history: HistoryLike, candidate_ids: Any, logits: bool = False) -> np.ndarray:
+        """Scores [M, num_tasks] (probabilities; raw logits with logits=True) of the candidates after the
+        whole history."""
         hist = validate_history(self.cfg, history)
         cands = validate_candidates(self.cfg, candidate_ids)
         num_tokens = len(hist) + self._user_tokens
@@ -106,8 +107,8 @@ class RelayGRModel:
         bucket = bucket_for(num_tokens, self.cfg.len_buckets, "history")
         tokens = self._tokens(hist, 0, bucket)
         cand_args = self._candidate_args(cands, num_tokens, self._last_time(hist.timestamps, None))
-        logits = self._call("full", *self._token_args(tokens, hist), *cand_args)
-        return _sigmoid(logits[: len(cands)])
+        out = self._call("full", *self._token_args(tokens, hist), *cand_args)[: len(cands)]
+        return out if logits else _sigmoid(out)
 
     def prefill(self, slot: int, history: HistoryLike, start: int = 0) -> int:
         """Cache events [start, n) of `history` in `slot`, which must already hold events [0, start).
@@ -159,8 +160,9 @@ class RelayGRModel:
             yield end
 
     def rank_cached(self, slot: int, prefix_len: int, suffix_history: HistoryLike,
-                    candidate_ids: Any) -> np.ndarray:
-        """Scores [M, num_tasks] from `slot` (holding `prefix_len` events) + suffix + candidates."""
+                    candidate_ids: Any, logits: bool = False) -> np.ndarray:
+        """Scores [M, num_tasks] from `slot` (holding `prefix_len` events) + suffix + candidates
+        (probabilities; raw logits with logits=True)."""
         self.layout.check_slot(slot)
         held = self.slot_events(slot)
         if not isinstance(prefix_len, (int, np.integer)) or not 0 < prefix_len <= held:
@@ -177,9 +179,9 @@ class RelayGRModel:
         tokens = layout_tokens(self.cfg, suffix, 0, False, prefix_tok, suffix_bucket, self._context_action)
         last_time = self._last_time(suffix.timestamps, self._slot_times[slot][prefix_tok - 1])
         cand_args = self._candidate_args(cands, prefix_tok + len(suffix), last_time)
-        logits = self._call("candidate", *self._suffix_args(tokens), *self._past_args(slot, prefix_tok, past_bucket),
-                            *cand_args)
-        return _sigmoid(logits[: len(cands)])
+        out = self._call("candidate", *self._suffix_args(tokens), *self._past_args(slot, prefix_tok, past_bucket),
+                         *cand_args)[: len(cands)]
+        return out if logits else _sigmoid(out)
 
     def slot_events(self, slot: int) -> int:
         """Events cached in `slot` by `prefill` (0 if never written)."""

@@ -1,10 +1,16 @@
 """Baselines on the same split and candidates as the ranker: popularity and a SASRec-style transformer.
 
 SASRec (Kang & McAuley, 2018), small and in MindSpore: item + learned position embeddings, pre-LayerNorm
-blocks of causal softmax self-attention and a ReLU feed-forward, dropout; the hidden state at position t
-scores item i by the dot product with i's embedding. Training: every position of every (left-padded)
-training sequence predicts the next item against one sampled negative the user never rated (BCE),
-batches of `train.sasrec_batch_size` users, Adam. One graph shape for training and one for scoring.
+blocks of causal softmax self-attention and a ReLU feed-forward, dropout (training only). Trained with the
+recipe of Meta's generative-recommenders: every position of every (left-padded) training sequence predicts
+its next item with a sampled softmax (`losses.sampled_softmax_loss`) against `train.num_negatives` item ids
+drawn uniformly per sequence and step (accidental hits masked), query and item embeddings L2-normalised,
+temperature 0.05; the output side uses the input item table (tied). Batches of `train.sasrec_batch_size`
+users, Adam (betas 0.9 / 0.98, no weight decay). Scoring: the cosine of the last position's hidden state with
+every item embedding. One graph shape for training and one for scoring.
+
+Dropout masks come from random bytes drawn on the host (`SASRecTrainer.dropout_noise`), so a seed fixes a
+run: MindSpore's CPU Dropout kernel is not reproducible (see `dropout_noise`).
 """
 
 from __future__ import annotations
@@ -12,19 +18,22 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from mindspore_relaygr.config import TrainConfig
-from mindspore_relaygr.data.sequences import EvalExample, PopularityModel, sample_negatives
+from mindspore_relaygr.data.sequences import EvalExample, PopularityModel
 from mindspore_relaygr.model.inputs import History
+from mindspore_relaygr.train.metrics import full_ranking_ranks, ranking_metrics_at
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PopularityModel", "SASRecTrainer", "left_pad"]
+__all__ = ["NextItemTarget", "PopularityModel", "SASRecTrainer", "as_target", "left_pad"]
 MASKED = -1.0e9
+SELECT_BY = "ndcg@10"  # validation metric of the best epoch
 
 
 def left_pad(items: np.ndarray, length: int) -> np.ndarray:
@@ -33,14 +42,49 @@ def left_pad(items: np.ndarray, length: int) -> np.ndarray:
     return np.pad(tail, (length - len(tail), 0)).astype(np.int32)
 
 
-def _build_cells(num_items: int, tc: TrainConfig) -> tuple[Any, Any, Any]:
-    """(SASRec net, training loss cell, scoring cell); MindSpore is imported here, not at module import."""
+@dataclass(frozen=True)
+class NextItemTarget:
+    """A full-ranking evaluation case: the history and the item that followed it."""
+
+    history: History
+    target_id: int
+
+
+def as_target(case: Any) -> NextItemTarget:
+    """NextItemTarget from a NextItemTarget, an EvalExample (`.target_id`), a sequences.Target (`.item_id`)
+    or a (History, item id) pair."""
+    if isinstance(case, NextItemTarget):
+        return case
+    if isinstance(case, tuple):
+        history, target = case
+        return NextItemTarget(history, int(target))
+    target = case.target_id if hasattr(case, "target_id") else case.item_id
+    return NextItemTarget(case.history, int(target))
+
+
+def dropout_threshold(p: float) -> tuple[int, float]:
+    """(threshold, scale) of dropout from random bytes: keep iff byte >= threshold, i.e. with probability
+    1 - threshold / 256 (the rate is p rounded to 1/256), and scale the kept values by 256 / (256 - threshold)."""
+    threshold = min(255, round(p * 256))
+    return threshold, 256.0 / (256 - threshold)
+
+
+def _build_cells(num_items: int, tc: TrainConfig, temperature: float) -> tuple[Any, Any, Any]:
+    """(SASRec net, training loss cell, full-scoring cell); MindSpore is imported here, not at module import."""
     from mindspore import Parameter, Tensor, nn, ops
     from mindspore import dtype as mstype
     from mindspore.common.initializer import Normal, XavierUniform, initializer
 
+    from mindspore_relaygr.train.losses import l2_normalize, sampled_softmax_loss
+
     d, num_heads, length = tc.sasrec_d_model, tc.sasrec_num_heads, tc.sasrec_max_len
     causal = np.triu(np.full((length, length), MASKED, np.float32), k=1)  # key j > query i is hidden
+    threshold, scale = dropout_threshold(tc.sasrec_dropout)
+
+    def drop(x, noise):  # inverted dropout: keep where the host's random byte >= threshold; noise None: identity
+        if noise is None:
+            return x
+        return x * ops.cast(noise >= threshold, mstype.float32) * scale
 
     class Block(nn.Cell):
         def __init__(self) -> None:
@@ -48,20 +92,20 @@ def _build_cells(num_items: int, tc: TrainConfig) -> tuple[Any, Any, Any]:
             self.norm1, self.norm2 = nn.LayerNorm((d,), epsilon=1e-8), nn.LayerNorm((d,), epsilon=1e-8)
             self.q, self.k, self.v, self.o = (nn.Dense(d, d) for _ in range(4))
             self.ff1, self.ff2 = nn.Dense(d, d), nn.Dense(d, d)
-            self.drop = nn.Dropout(p=tc.sasrec_dropout)
             self.causal = Tensor(causal)
             self.scale = 1.0 / math.sqrt(d // num_heads)
 
         def split_heads(self, x):  # [B, L, d] -> [B, h, L, d/h]
             return ops.transpose(ops.reshape(x, (x.shape[0], length, num_heads, d // num_heads)), (0, 2, 1, 3))
 
-        def construct(self, x, key_bias):  # x [B, L, d], key_bias [B, 1, 1, L] (0 or MASKED)
+        def construct(self, x, key_bias, n_attn=None, n_o=None, n_ff1=None, n_ff2=None):
+            # x [B, L, d], key_bias [B, 1, 1, L] (0 or MASKED); dropout noise: n_attn [B, h, L, L], others [B, L, d]
             h = self.norm1(x)
             scores = ops.matmul(self.split_heads(self.q(h)), ops.transpose(self.split_heads(self.k(h)), (0, 1, 3, 2)))
-            attn = self.drop(ops.softmax(scores * self.scale + self.causal + key_bias, -1))
+            attn = drop(ops.softmax(scores * self.scale + self.causal + key_bias, -1), n_attn)
             av = ops.reshape(ops.transpose(ops.matmul(attn, self.split_heads(self.v(h))), (0, 2, 1, 3)), x.shape)
-            x = x + self.drop(self.o(av))
-            return x + self.drop(self.ff2(self.drop(ops.relu(self.ff1(self.norm2(x))))))
+            x = x + drop(self.o(av), n_o)
+            return x + drop(self.ff2(drop(ops.relu(self.ff1(self.norm2(x))), n_ff1)), n_ff2)
 
     class SASRec(nn.Cell):
         def __init__(self) -> None:
@@ -69,15 +113,16 @@ def _build_cells(num_items: int, tc: TrainConfig) -> tuple[Any, Any, Any]:
             self.items = Parameter(initializer(XavierUniform(), (num_items + 1, d), mstype.float32), name="items")
             self.positions = Parameter(initializer(Normal(0.02), (length, d), mstype.float32), name="positions")
             self.blocks = nn.CellList([Block() for _ in range(tc.sasrec_num_layers)])
-            self.drop = nn.Dropout(p=tc.sasrec_dropout)
             self.norm = nn.LayerNorm((d,), epsilon=1e-8)
 
-        def construct(self, seq):  # seq [B, L] int32, left-padded -> hidden [B, L, d]
+        def construct(self, seq, *noise):
+            # seq [B, L] int32, left-padded -> hidden [B, L, d]. With noise (training): dropout, see `dropout_noise`.
             keep = ops.expand_dims(ops.cast(seq > 0, mstype.float32), -1)
-            x = self.drop(ops.gather(self.items, seq, 0) * math.sqrt(d) + self.positions) * keep
+            x = ops.gather(self.items, seq, 0) * math.sqrt(d) + self.positions
+            x = (drop(x, noise[0]) if noise else x) * keep
             key_bias = ops.reshape((1.0 - keep) * MASKED, (seq.shape[0], 1, 1, length))
-            for block in self.blocks:
-                x = block(x, key_bias) * keep
+            for i, block in enumerate(self.blocks):
+                x = (block(x, key_bias, *noise[4 * i + 1:4 * i + 5]) if noise else block(x, key_bias)) * keep
             return self.norm(x)
 
     class Loss(nn.Cell):
@@ -85,90 +130,166 @@ def _build_cells(num_items: int, tc: TrainConfig) -> tuple[Any, Any, Any]:
             super().__init__()
             self.net = net
 
-        def construct(self, seq, pos, neg):  # [B, L] each; pos == 0 marks positions without a target
-            h = self.net(seq)
-            pos_logit = ops.reduce_sum(h * ops.gather(self.net.items, pos, 0), -1)
-            neg_logit = ops.reduce_sum(h * ops.gather(self.net.items, neg, 0), -1)
-            mask = ops.cast(pos > 0, mstype.float32)
-            # -log sigmoid(p) - log(1 - sigmoid(n)) = softplus(-p) + softplus(n), written stably.
-            loss = ops.softplus(-pos_logit) + ops.softplus(neg_logit)
-            return ops.reduce_sum(loss * mask) / ops.maximum(ops.reduce_sum(mask), 1.0)
+        def construct(self, seq, pos, neg, *noise):  # seq, pos [B, L] (pos == 0: no target); neg [B, K]
+            h = self.net(seq, *noise)
+            return sampled_softmax_loss(h, ops.gather(self.net.items, pos, 0), ops.gather(self.net.items, neg, 0),
+                                        pos, neg, temperature)
 
-    class Score(nn.Cell):
+    class ScoreAll(nn.Cell):
         def __init__(self, net: nn.Cell) -> None:
             super().__init__()
             self.net = net
 
-        def construct(self, seq, cands):  # seq [B, L], cands [B, C] -> scores [B, C]
+        def construct(self, seq):  # seq [B, L] -> cosines [B, num_items + 1]
             h = self.net(seq)
-            last = ops.slice(h, (0, length - 1, 0), (h.shape[0], 1, d))  # [B, 1, d]
-            return ops.reduce_sum(ops.gather(self.net.items, cands, 0) * last, -1)
+            last = l2_normalize(ops.reshape(ops.slice(h, (0, length - 1, 0), (h.shape[0], 1, d)), (h.shape[0], d)))
+            return ops.matmul(last, ops.transpose(l2_normalize(self.net.items), (1, 0)))
 
     net = SASRec()
-    return net, Loss(net), Score(net)
+    return net, Loss(net), ScoreAll(net)
 
 
 class SASRecTrainer:
-    """Trains the SASRec-style baseline on training sequences and scores evaluation examples."""
+    """Trains the SASRec-style baseline on training sequences and scores histories against every item."""
 
     def __init__(self, tc: TrainConfig, num_items: int, seed: int = 0,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, temperature: float = 0.05) -> None:
         import mindspore as ms
         from mindspore import nn
 
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         ms.set_seed(seed)
-        self.tc, self.num_items = tc, num_items
-        self.rng = np.random.default_rng([seed, 1])
+        self.tc, self.num_items, self.temperature = tc, num_items, temperature
+        self.rng = np.random.default_rng([seed, 1])  # epoch order and negatives
+        self.dropout_rng = np.random.default_rng([seed, 2])  # dropout masks
         self.progress = progress or (lambda msg: logger.info("%s", msg))
-        self.net, loss, self.score_cell = _build_cells(num_items, tc)
-        optimizer = nn.Adam(self.net.trainable_params(), learning_rate=tc.sasrec_lr, beta1=0.9, beta2=0.98)
+        self.net, loss, self.score_cell = _build_cells(num_items, tc, temperature)
+        # nn.Adam, not nn.AdamWeightDecay: MindSpore's AdamWeightDecay has no bias correction (its first step
+        # is 0.71 lr here, not lr) and adds eps outside the square root; with weight decay 0, nn.Adam is the
+        # reference's torch AdamW update exactly.
+        optimizer = nn.Adam(self.net.trainable_params(), learning_rate=tc.sasrec_lr, beta1=0.9, beta2=0.98,
+                            weight_decay=0.0)
         self.step_cell = nn.TrainOneStepCell(loss, optimizer)
-        self.losses: list[float] = []
+        self.losses: list[float] = []  # mean training loss per epoch
+        self.evals: list[dict[str, float]] = []  # per validation: epoch, loss, hr@k / ndcg@k / mrr, seconds
+        self.best: dict[str, float] | None = None  # the entry of `evals` whose parameters were kept
 
     def _batch(self, seqs: Sequence[History]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(input, positive, negative) int32 [batch, L]; rows past len(seqs) are all padding."""
+        """(input [batch, L], targets [batch, L], negatives [batch, K]) int32; rows past len(seqs) are padding."""
         length, size = self.tc.sasrec_max_len, self.tc.sasrec_batch_size
-        out = np.zeros((3, size, length), np.int32)
-        for row, seq in enumerate(seqs):
-            items = seq.item_ids
-            out[0, row] = left_pad(items[:-1], length)
-            out[1, row] = left_pad(items[1:], length)
-            count = min(len(items) - 1, length)
-            out[2, row, length - count:] = sample_negatives(self.rng, self.num_items, items, count)
-        return out[0], out[1], out[2]
+        seq, pos = np.zeros((size, length), np.int32), np.zeros((size, length), np.int32)
+        for row, history in enumerate(seqs):
+            items = history.item_ids  # the last L + 1 events: inputs all but the last, targets all but the first
+            seq[row] = left_pad(items[:-1], length)
+            pos[row] = left_pad(items[1:], length)
+        neg = self.rng.integers(1, self.num_items + 1, size=(size, self.tc.num_negatives)).astype(np.int32)
+        return seq, pos, neg
 
-    def fit(self, train: Mapping[int, History]) -> SASRecTrainer:
-        """`train.sasrec_epochs` epochs over the users with >= 2 training events, in shuffled batches."""
+    def dropout_noise(self) -> tuple[np.ndarray, ...]:
+        """One step's dropout noise, uniform random uint8 per dropout site: the embedding [batch, L, d], then per
+        block the attention weights [batch, heads, L, L] and the attention output, first and second
+        feed-forward layers [batch, L, d]; () without dropout. Drawn on the host from a seeded generator
+        (MindSpore's CPU Dropout kernel fills its mask from several threads sharing one generator, so seeded
+        runs with it differ after a few steps, and one nn.Dropout applied at several sites repeats its mask)."""
+        tc = self.tc
+        if dropout_threshold(tc.sasrec_dropout)[0] == 0:
+            return ()
+        hidden = (tc.sasrec_batch_size, tc.sasrec_max_len, tc.sasrec_d_model)
+        attn = (tc.sasrec_batch_size, tc.sasrec_num_heads, tc.sasrec_max_len, tc.sasrec_max_len)
+        shapes = [hidden] + [attn, hidden, hidden, hidden] * tc.sasrec_num_layers
+        return tuple(np.frombuffer(self.dropout_rng.bytes(math.prod(s)), np.uint8).reshape(s) for s in shapes)
+
+    def fit(self, train: Mapping[int, History], valid: Iterable[Any] | None = None, eval_every: int = 1,
+            progress: Callable[[str], None] | None = None) -> SASRecTrainer:
+        """`train.sasrec_epochs` epochs over the users with >= 2 training events, in shuffled batches.
+
+        `valid`: cases with a history and the next item (see `as_target`). Every `eval_every` epochs (and
+        after the last) they are ranked against all items (history excluded); the parameters of the epoch
+        with the best NDCG@10 are kept and restored at the end. Metrics per validation go to `self.evals`."""
         from mindspore import Tensor
 
+        if eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+        say = progress or self.progress
+        cases = None if valid is None else [as_target(c) for c in valid]
         users = [uid for uid in sorted(train) if len(train[uid]) >= 2]
-        size, t0 = self.tc.sasrec_batch_size, time.perf_counter()
-        self.step_cell.set_train(True)
-        for epoch in range(1, self.tc.sasrec_epochs + 1):
+        size, epochs = self.tc.sasrec_batch_size, self.tc.sasrec_epochs
+        best_params: dict[str, np.ndarray] | None = None
+        for epoch in range(1, epochs + 1):
+            self.step_cell.set_train(True)
             order = self.rng.permutation(len(users))
-            epoch_losses = []
+            t0, tokens, batch_losses = time.perf_counter(), 0, []
             for start in range(0, len(users), size):
-                batch = self._batch([train[users[i]] for i in order[start:start + size]])
-                epoch_losses.append(float(self.step_cell(*(Tensor(a) for a in batch)).asnumpy()))
-            self.losses.append(float(np.mean(epoch_losses)))
-            if epoch == 1 or epoch % 10 == 0 or epoch == self.tc.sasrec_epochs:
-                self.progress(f"SASRec epoch {epoch}/{self.tc.sasrec_epochs} loss {self.losses[-1]:.4f} "
-                              f"({time.perf_counter() - t0:.0f} s)")
+                seq, pos, neg = self._batch([train[users[i]] for i in order[start:start + size]])
+                tokens += int((pos > 0).sum())
+                inputs = (seq, pos, neg, *self.dropout_noise())
+                batch_losses.append(float(self.step_cell(*(Tensor(a) for a in inputs)).asnumpy()))
+            seconds = time.perf_counter() - t0
+            self.losses.append(float(np.mean(batch_losses)) if batch_losses else float("nan"))
+            line = (f"SASRec epoch {epoch}/{epochs} loss {self.losses[-1]:.4f} {seconds:.1f} s "
+                    f"{tokens / max(seconds, 1e-9):.0f} tokens/s")
+            if cases and (epoch % eval_every == 0 or epoch == epochs):
+                t0 = time.perf_counter()
+                entry = {"epoch": epoch, "loss": self.losses[-1], **self.evaluate(cases)}
+                entry["seconds"] = time.perf_counter() - t0
+                self.evals.append(entry)
+                line += f"; valid HR@10 {entry['hr@10']:.4f} NDCG@10 {entry['ndcg@10']:.4f}"
+                if self.best is None or entry[SELECT_BY] > self.best[SELECT_BY]:
+                    self.best, best_params = entry, self._parameters()
+                    line += " (best)"
+            say(line)
+        if best_params is not None:
+            self._load_parameters(best_params)
+            say(f"SASRec: kept epoch {self.best['epoch']} (valid NDCG@10 {self.best['ndcg@10']:.4f})")
+        self.net.set_train(False)
         return self
 
-    def score(self, examples: Sequence[EvalExample]) -> np.ndarray:
-        """Dot-product scores [B, C] of every example's candidates after its history."""
+    def _parameters(self) -> dict[str, np.ndarray]:
+        return {p.name: p.asnumpy().copy() for p in self.net.trainable_params()}
+
+    def _load_parameters(self, values: Mapping[str, np.ndarray]) -> None:
+        from mindspore import Tensor
+
+        for p in self.net.trainable_params():
+            p.set_data(Tensor(values[p.name].copy()))
+
+    def score_all(self, histories: Sequence[History]) -> np.ndarray:
+        """float32 [B, num_items + 1]: cosine of each history's last hidden state with every item embedding
+        (both L2-normalised); column 0 (padding) is -inf. Histories keep their last `sasrec_max_len` events."""
         from mindspore import Tensor
 
         self.net.set_train(False)
         size, length = self.tc.sasrec_batch_size, self.tc.sasrec_max_len
-        rows = []
-        for start in range(0, len(examples), size):
-            chunk = examples[start:start + size]
+        out = np.empty((len(histories), self.num_items + 1), np.float32)
+        for start in range(0, len(histories), size):
+            chunk = histories[start:start + size]
             seq = np.zeros((size, length), np.int32)
-            cands = np.ones((size, len(chunk[0].candidate_ids)), np.int32)
-            for row, e in enumerate(chunk):
-                seq[row] = left_pad(e.history.item_ids, length)
-                cands[row] = e.candidate_ids
-            rows.append(self.score_cell(Tensor(seq), Tensor(cands)).asnumpy()[:len(chunk)])
+            for row, history in enumerate(chunk):
+                seq[row] = left_pad(history.item_ids, length)
+            out[start:start + len(chunk)] = self.score_cell(Tensor(seq)).asnumpy()[:len(chunk)]
+        out[:, 0] = -np.inf
+        return out
+
+    def evaluate(self, cases: Iterable[Any], ks: Sequence[int] = (10, 50, 200)) -> dict[str, float]:
+        """Full-ranking HR@k / NDCG@k / MRR of the cases' targets (see `as_target`), each history's items
+        removed from its ranking."""
+        targets = [as_target(c) for c in cases]
+        ranks = []
+        step = 4 * self.tc.sasrec_batch_size  # bounds the [rows, num_items + 1] score block
+        for start in range(0, len(targets), step):
+            chunk = targets[start:start + step]
+            scores = self.score_all([c.history for c in chunk])
+            ranks.append(full_ranking_ranks(scores, np.array([c.target_id for c in chunk]),
+                                            [c.history.item_ids for c in chunk]))
+        return ranking_metrics_at(np.concatenate(ranks) if ranks else np.zeros(0, np.int64), ks)
+
+    def score(self, examples: Sequence[EvalExample]) -> np.ndarray:
+        """float64 [B, C]: the `score_all` columns of every example's candidates."""
+        step = 4 * self.tc.sasrec_batch_size
+        rows = []
+        for start in range(0, len(examples), step):
+            chunk = examples[start:start + step]
+            full = self.score_all([e.history for e in chunk])
+            rows.append(np.take_along_axis(full, np.stack([e.candidate_ids for e in chunk]).astype(np.int64), 1))
         return np.concatenate(rows).astype(np.float64)

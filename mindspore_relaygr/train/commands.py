@@ -34,12 +34,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     say(f"config {args.config}: d={cfg.model.d_model}, {cfg.model.num_layers} layers, {cfg.train.epochs} epochs, "
         f"output {cfg.train.output_dir}")
     t0 = time.perf_counter()
-    result = train(cfg, progress=say)
+    result = train(cfg, progress=say, resume=args.resume, distributed=args.distributed)
     best = result.best
     print(f"best checkpoint: {result.checkpoint} (epoch {best['epoch']}, valid HR@10 {best['valid_hr@10']:.4f}, "
-          f"NDCG@10 {best['valid_ndcg@10']:.4f})")
+          f"NDCG@10 {best['valid_ndcg@10']:.4f}, all items)")
     print(f"wrote {result.output_dir / CONFIG_NAME} and {result.output_dir / METRICS_NAME}; "
-          f"{len(result.losses)} steps, wall time {time.perf_counter() - t0:.0f} s")
+          f"{result.steps} steps, {result.tokens_per_s:,.0f} tokens/s, wall time {time.perf_counter() - t0:.0f} s")
     return 0
 
 
@@ -99,8 +99,12 @@ def _config_args(parser: argparse.ArgumentParser, default: str | None) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the train / eval / export subcommands to the `relaygr` parser."""
     train = subparsers.add_parser("train", help="train the ranker (best checkpoint, config and metrics JSON)")
-    _config_args(train, str(REPO_CONFIGS / "ml100k.yaml"))
+    _config_args(train, str(REPO_CONFIGS / "ml1m.yaml"))
     train.add_argument("--output-dir", help="where to write (overrides train.output_dir)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue from last.ckpt and train_state.json in the output directory")
+    train.add_argument("--distributed", action="store_true",
+                       help="one data-parallel worker under msrun (see scripts/run_distribute_train.sh)")
     train.set_defaults(func=cmd_train)
 
     ev = subparsers.add_parser("eval", help="leave-one-out HR@10/NDCG@10/MRR/AUC: ours (full and relay) + baselines")

@@ -1,11 +1,16 @@
-"""Leave-one-out evaluation: the target among `data.num_eval_negatives` sampled negatives, per user.
+"""Leave-one-out evaluation of a checkpoint and the baselines, in two protocols on the same users.
 
-Rows of the table (same users, same candidates):
-- ours, full path: `rank_full(history, candidates)`;
-- ours, relay path: `prefill` the first n - s events into a pool slot, then `rank_cached` with the last
-  s events as the short-term suffix (R1 says both give the same scores, so the same metrics);
-- popularity (train-split counts) and a SASRec-style transformer trained on the same split.
-Ours are ranked by p(engage) (task 0).
+- **full ranking** (the generative-recommenders protocol): the target among all items, the items of the
+  evaluated history removed from the ranking; HR@10/50/200, NDCG@10/50/200, MRR;
+- **sampled**: the target among `data.num_eval_negatives` negatives the user never rated (drawn from
+  `data.eval_seed`, the same for every model); HR@10, NDCG@10, MRR, AUC.
+
+Rows: ours through the full path (`rank_full`) and through the relay path (`prefill` all but the last
+`suffix_len` events once, then `rank_cached` with them as the short-term suffix); both score every item as a
+candidate (in chunks of the largest candidate bucket) and R1 says the metrics are identical. A candidate's
+score does not depend on the other candidates (M-FALCON), so the sampled protocol reads the same scores.
+Baselines: popularity (train-split counts) and SASRec trained on the same split with the same loss.
+Ours are ranked by the engage logit (task 0).
 """
 
 from __future__ import annotations
@@ -22,18 +27,26 @@ import numpy as np
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.data.sequences import EvalExample, PopularityModel
 from mindspore_relaygr.train.dataset import PreparedData, prepare_data
+from mindspore_relaygr.train.full_ranking import (
+    RankingCase,
+    batch_ranks,
+    full_path_logits,
+    item_chunks,
+    metrics_of,
+    relay_path_logits,
+)
 from mindspore_relaygr.train.metrics import auc_from_scores, hit_rate_at_k, mrr, ndcg_at_k, rank_of_positive
 
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 K = 10
-METRIC_NAMES = (f"hr@{K}", f"ndcg@{K}", "mrr", "auc")
-ENGAGE = 0
+SAMPLED_METRICS = (f"hr@{K}", f"ndcg@{K}", "mrr", "auc")
+FULL_METRICS = ("hr@10", "ndcg@10", "hr@50", "ndcg@50", "hr@200", "ndcg@200", "mrr")
 
 
 def ranking_metrics(scores: np.ndarray) -> dict[str, float]:
-    """scores [B, C] with the positive in column 0 -> HR@10, NDCG@10, MRR, AUC."""
+    """Sampled protocol: scores [B, C] with the positive in column 0 -> HR@10, NDCG@10, MRR, AUC."""
     ranks = rank_of_positive(scores, 0)
     return {f"hr@{K}": hit_rate_at_k(ranks, K), f"ndcg@{K}": ndcg_at_k(ranks, K), "mrr": mrr(ranks),
             "auc": auc_from_scores(scores[:, 0], scores[:, 1:])}
@@ -46,29 +59,27 @@ def evaluate_examples(scores: np.ndarray, num_users: int) -> dict[str, float]:
     return {**ranking_metrics(scores), "users": num_users}
 
 
-def score_full(model: Any, examples: Sequence[EvalExample]) -> np.ndarray:
-    """p(engage) [B, C] of every example's candidates through `rank_full`."""
-    return np.stack([model.rank_full(e.history, e.candidate_ids)[:, ENGAGE] for e in examples])
+def cases_of(examples: Sequence[EvalExample]) -> list[RankingCase]:
+    """The full-ranking cases of the sampled examples (same users, histories and targets)."""
+    return [RankingCase(e.user_id, e.history, e.target_id) for e in examples]
 
 
-def relay_split(num_events: int, suffix_len: int) -> int:
-    """Events kept in the prefix: all but the last `suffix_len`, at least one."""
-    return max(1, num_events - suffix_len)
-
-
-def score_relay(model: Any, examples: Sequence[EvalExample], suffix_len: int, slot: int = 0) -> np.ndarray:
-    """p(engage) [B, C] through the relay path: prefill events [0, n - s) into `slot`, rank_cached the rest."""
+def score_all_items(score: Callable[[Any], np.ndarray], examples: Sequence[EvalExample],
+                    progress: Progress | None = None, every: int = 500) -> np.ndarray:
+    """Scores [B, num_items + 1] of every item after every example's history."""
     rows = []
-    for e in examples:
-        k = relay_split(len(e.history), suffix_len)
-        model.prefill(slot, e.history.slice(0, k))
-        rows.append(model.rank_cached(slot, k, e.history.slice(k), e.candidate_ids)[:, ENGAGE])
-        model.release_slot(slot)
+    for i, e in enumerate(examples, 1):
+        rows.append(score(e.history))
+        if progress and i % every == 0:
+            progress(f"  {i}/{len(examples)} users")
     return np.stack(rows)
 
 
-def score_popularity(popularity: PopularityModel, examples: Sequence[EvalExample]) -> np.ndarray:
-    return np.stack([popularity.score(e.candidate_ids) for e in examples])
+def protocol_rows(scores: np.ndarray, examples: Sequence[EvalExample]) -> dict[str, dict[str, float]]:
+    """Both protocols from all-item scores [B, num_items + 1]."""
+    sampled = np.take_along_axis(scores, np.stack([e.candidate_ids for e in examples]), axis=1)
+    return {"full": metrics_of(batch_ranks(scores, cases_of(examples))),
+            "sampled": evaluate_examples(sampled.astype(np.float64), len(examples))}
 
 
 def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "test", suffix_len: int = 8,
@@ -82,48 +93,63 @@ def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "
     examples = data.eval_set(which, max_users)
     model = RelayGRModel(config)
     model.load_checkpoint(checkpoint)
-    rows: dict[str, dict[str, float]] = {}
+    chunks = item_chunks(data.num_items, config.model.max_candidates)
+    rows: dict[str, dict[str, Any]] = {}
+    scores: dict[str, np.ndarray] = {}
 
-    def timed(name: str, fn: Callable[[], np.ndarray]) -> np.ndarray:
+    def timed(name: str, fn: Callable[[], np.ndarray]) -> None:
+        say(f"{name}: scoring all {data.num_items} items for {len(examples)} users")
         t0 = time.perf_counter()
-        scores = fn()
-        rows[name] = {**evaluate_examples(scores, len(examples)), "seconds": time.perf_counter() - t0}
-        say(f"{name}: " + ", ".join(f"{m} {rows[name][m]:.4f}" for m in METRIC_NAMES)
-            + f" ({rows[name]['seconds']:.1f} s)")
-        return scores
+        scores[name] = fn()
+        rows[name] = {**protocol_rows(scores[name], examples), "seconds": time.perf_counter() - t0}
+        full = rows[name]["full"]
+        say(f"{name}: HR@10 {full['hr@10']:.4f} NDCG@10 {full['ndcg@10']:.4f} (all items); sampled HR@10 "
+            f"{rows[name]['sampled']['hr@10']:.4f} ({rows[name]['seconds']:.0f} s)")
 
-    say(f"evaluating {len(examples)} users ({which} split, {data.num_eval_negatives} negatives each)")
     full_name, relay_name = "ours (full path)", f"ours (relay path, suffix {suffix_len})"
-    full = timed(full_name, lambda: score_full(model, examples))
-    relay = timed(relay_name, lambda: score_relay(model, examples, suffix_len))
+    timed(full_name, lambda: score_all_items(lambda h: full_path_logits(model, h, chunks), examples, say))
+    timed(relay_name, lambda: score_all_items(lambda h: relay_path_logits(model, h, chunks, suffix_len), examples,
+                                              say))
     if baselines:
         popularity = PopularityModel().fit(data.split.train)
-        timed("popularity", lambda: score_popularity(popularity, examples))
-        timed("SASRec-style", lambda: _sasrec_scores(config, data, examples, say))
-    identical = all(rows[full_name][m] == rows[relay_name][m] for m in METRIC_NAMES)
-    return {"split": which, "users": len(examples), "num_negatives": data.num_eval_negatives,
-            "suffix_len": suffix_len, "checkpoint": str(checkpoint), "model_version": config.model.version,
-            "data_source": data.interactions.source, "max_abs_diff_full_vs_relay": float(np.abs(full - relay).max()),
-            "identical_metrics": identical, "rows": rows}
+        everything = np.arange(data.num_items + 1)
+        timed("popularity", lambda: np.stack([popularity.score(everything) for _ in examples]))
+        timed("SASRec", lambda: _sasrec_scores(config, data, examples, say))
+    identical = rows[full_name]["full"] == rows[relay_name]["full"] and \
+        rows[full_name]["sampled"] == rows[relay_name]["sampled"]
+    finite = np.isfinite(scores[full_name][:, 1:])
+    diff = np.abs(scores[full_name] - scores[relay_name])[:, 1:][finite]
+    return {"split": which, "users": len(examples), "num_items": data.num_items,
+            "num_negatives": data.num_eval_negatives, "suffix_len": suffix_len, "checkpoint": str(checkpoint),
+            "model_version": config.model.version, "data_source": data.interactions.source,
+            "max_history_len": data.max_history_len, "max_abs_diff_full_vs_relay": float(diff.max()),
+            "identical_metrics": identical, "rows": {k: {**v} for k, v in rows.items()}}
 
 
 def _sasrec_scores(config: RelayGRConfig, data: PreparedData, examples: Sequence[EvalExample],
                    say: Progress) -> np.ndarray:
+    """SASRec trained on the training split, its epoch chosen on validation NDCG@10 (all items)."""
     from mindspore_relaygr.train.baselines import SASRecTrainer
 
-    sasrec = SASRecTrainer(config.train, data.num_items, seed=config.train.seed, progress=say)
-    sasrec.fit(data.split.train)
-    return sasrec.score(examples)
+    sasrec = SASRecTrainer(config.train, data.num_items, seed=config.train.seed, progress=say,
+                           temperature=config.model.score_temperature)
+    valid = cases_of(data.eval_set("valid", config.train.max_eval_users))
+    sasrec.fit(data.split.train, valid=valid, eval_every=config.train.eval_every)
+    return sasrec.score_all([e.history for e in examples])
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """A plain-text table of the report's rows."""
-    head = f"{'model':<34}" + "".join(f"{m:>9}" for m in (*METRIC_NAMES, "seconds"))
-    lines = [f"{report['split']} split: {report['users']} users, target + {report['num_negatives']} sampled "
-             f"negatives", head, "-" * len(head)]
-    for name, row in report["rows"].items():
-        lines.append(f"{name:<34}" + "".join(f"{row[m]:>9.4f}" for m in METRIC_NAMES) + f"{row['seconds']:>9.1f}")
-    lines.append(f"max |full - relay| p(engage) = {report['max_abs_diff_full_vs_relay']:.2e}; "
+    """Plain-text tables of the report's rows, one per protocol."""
+    lines = [f"{report['split']} split, {report['users']} users, histories of at most {report['max_history_len']} "
+             f"events"]
+    for protocol, names, title in (
+            ("full", FULL_METRICS, f"all {report['num_items']} items ranked, history items filtered"),
+            ("sampled", SAMPLED_METRICS, f"target + {report['num_negatives']} sampled negatives")):
+        head = f"{'model':<34}" + "".join(f"{m:>9}" for m in names)
+        lines += ["", title, head, "-" * len(head)]
+        for name, row in report["rows"].items():
+            lines.append(f"{name:<34}" + "".join(f"{row[protocol][m]:>9.4f}" for m in names))
+    lines.append(f"max |full - relay| engage logit = {report['max_abs_diff_full_vs_relay']:.2e}; "
                  f"metrics identical: {report['identical_metrics']}")
     return "\n".join(lines)
 

@@ -1,10 +1,14 @@
-"""Ranking metrics for one positive among sampled negatives (numpy only).
+"""Ranking metrics for one positive among sampled negatives or among all items (numpy only).
 
-Ranks are 1-based. `rank_of_positive` breaks ties pessimistically: every other candidate whose score
-equals the positive's ranks above it, so a constant scorer gets the worst rank instead of rank 1.
+Ranks are 1-based. `rank_of_positive` and `full_ranking_ranks` break ties pessimistically: every other
+candidate whose score equals the positive's ranks above it, so a constant scorer gets the worst rank
+instead of rank 1. `full_ranking_ranks` is the full-ranking protocol: the target among every item id the
+user has not interacted with (the history removed from the ranking).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -67,3 +71,45 @@ def auc_from_scores(pos_scores: np.ndarray, neg_scores: np.ndarray) -> float:
     p = pos[:, None]
     per_user = ((neg < p).sum(axis=1) + 0.5 * (neg == p).sum(axis=1)) / neg.shape[1]
     return float(per_user.mean())
+
+
+def full_ranking_ranks(scores: np.ndarray, target_ids: np.ndarray, exclude_ids: Sequence[np.ndarray]) -> np.ndarray:
+    """Ranks (int64 [B], 1-based) of each row's target among all items, the row's `exclude_ids` removed.
+
+    scores [B, V + 1] over item ids 0..V (column 0 is padding and never ranked); exclude_ids[b] holds the ids
+    removed from row b's ranking (e.g. the user's history); the target itself is always ranked, even when
+    listed. Rank = 1 + #ranked items j != target scoring >= the target (ties pessimistic, as rank_of_positive)."""
+    s = np.asarray(scores)
+    if s.ndim != 2 or s.shape[1] < 2:
+        raise ValueError(f"scores must have shape [B, V + 1] with V >= 1, got {s.shape}")
+    if np.isnan(s).any():
+        raise ValueError("scores must not contain NaN")
+    num_rows, width = s.shape
+    targets = np.asarray(target_ids).reshape(-1).astype(np.int64)
+    if targets.shape[0] != num_rows or len(exclude_ids) != num_rows:
+        raise ValueError(f"{num_rows} score rows, {targets.shape[0]} targets and {len(exclude_ids)} exclude lists")
+    bad = targets[(targets < 1) | (targets >= width)]
+    if bad.size:
+        raise ValueError(f"target ids must be in [1, {width - 1}], got {bad[0]}")
+    lists = [np.asarray(e, dtype=np.int64).reshape(-1) for e in exclude_ids]
+    cols = np.concatenate(lists) if lists else np.zeros(0, np.int64)
+    bad = cols[(cols < 0) | (cols >= width)]
+    if bad.size:
+        raise ValueError(f"exclude ids must be in [0, {width - 1}], got {bad[0]}")
+    ranked = np.ones(s.shape, dtype=bool)
+    ranked[np.repeat(np.arange(num_rows), [len(e) for e in lists]), cols] = False
+    ranked[:, 0] = False
+    rows = np.arange(num_rows)
+    ranked[rows, targets] = True
+    target_scores = s[rows, targets][:, None]
+    return ((s >= target_scores) & ranked).sum(axis=1).astype(np.int64)  # counts the target itself: 1-based
+
+
+def ranking_metrics_at(ranks: np.ndarray, ks: Sequence[int] = (10, 50, 200)) -> dict[str, float]:
+    """{"hr@k", "ndcg@k"} for every k in ks, and "mrr"."""
+    out = {}
+    for k in ks:
+        out[f"hr@{k}"] = hit_rate_at_k(ranks, k)
+        out[f"ndcg@{k}"] = ndcg_at_k(ranks, k)
+    out["mrr"] = mrr(ranks)
+    return out

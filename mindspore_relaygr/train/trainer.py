@@ -1,15 +1,21 @@
-"""Training of the HSTU ranker with MindSpore (GRAPH_MODE, reference ops: the fused kernels have no gradient).
+"""Training of the HSTU ranker: batched sequences, the generative-recommenders recipe plus ranking heads.
 
-One step = one user's training sequence cut at a random point t (M-FALCON style: one forward pass scores
-many candidates against one history): the history is the events before t, the candidates are the items of
-events t .. t + `train.num_positives` - 1 (positives; 1 = the next item only) and `train.num_negatives`
-items the user never rated. Loss = BCE of task 0 (engage: 1 for positives, 0 for negatives; the mean over
-positives and the mean over negatives weigh equally) + `train.high_rating_weight` x BCE of task 1 (high
-rating, on the positives only). Shapes are bucketed like serving (`model.len_buckets`,
-`model.candidate_buckets`), so the train graph compiles once per length bucket. Every `train.eval_every`
-epochs the ranker is validated (HR@10, NDCG@10 via `rank_full`) and the best checkpoint by NDCG@10 is kept.
+One step trains `train.batch_size` users' windows (the most recent `max_history_len` events of their training
+sequences, padded to a length bucket) in one graph (`model.batch_forward.BatchForward`, reference ops):
+- every history token predicts the next item: sampled softmax over the target and `train.num_negatives`
+  uniform items per row, cosine / `model.score_temperature`, accidental hits masked (the reference recipe);
+- `train.num_cuts` candidate groups per row (M-FALCON): each is cut at a random event and holds its item
+  (positive) and `train.num_candidate_negatives` uniform items as candidate tokens; a softmax over the group
+  (weight `train.candidate_loss_weight`) trains the engage score the serving graphs return, and BCE on the
+  positive trains the high-rating head (weight `train.high_rating_weight`).
+Dropout `model.dropout`, Adam (betas 0.9 / `train.beta2`; `train.weight_decay` is an L2 term). Every
+`train.eval_every` epochs the ranker is validated with full ranking over all items (history filtered) through
+the batched forward (equal to `rank_full`, tested); the best checkpoint by validation NDCG@10 is kept and
+training stops after `train.patience` validations without improvement.
+Each epoch ends with `last.ckpt` (weights + optimizer state) and `train_state.json`, from which
+`resume=True` continues.
 
-Output directory: `config.yaml` (resolved), `best.ckpt`, `train_metrics.json`.
+Output directory: `config.yaml` (resolved), `best.ckpt`, `last.ckpt`, `train_state.json`, `train_metrics.json`.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,41 +31,68 @@ from typing import Any
 import numpy as np
 
 from mindspore_relaygr.config import RelayGRConfig, save_config
-from mindspore_relaygr.data.sequences import HIGH_RATING_ACTION, cap_history, sample_negatives
 from mindspore_relaygr.errors import ConfigError
-from mindspore_relaygr.model.inputs import History
+from mindspore_relaygr.train.batches import FORWARD_FIELDS, TARGET_FIELDS, BatchShape, Shard, iter_batches, window
 from mindspore_relaygr.train.dataset import PreparedData, prepare_data
-from mindspore_relaygr.train.feeds import full_inputs
+from mindspore_relaygr.train.full_ranking import BatchedScorer, metrics_of, ranking_cases
 
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 CHECKPOINT_NAME = "best.ckpt"
+LAST_NAME = "last.ckpt"
+STATE_NAME = "train_state.json"
 CONFIG_NAME = "config.yaml"
 METRICS_NAME = "train_metrics.json"
-ENGAGE, HIGH_RATING = 0, 1  # task columns of the head
+ACCIDENTAL_HIT = -5.0e4
+SINGLE_PROCESS = Shard()
 
 
-def _loss_cell(net: Any) -> Any:
-    """FullGraph(net, fused=False) + weighted BCE over (candidate, task) pairs, as a Cell."""
+def _loss_cell(net: Any, config: RelayGRConfig, shape: BatchShape) -> Any:
+    """The batched forward and the three losses of the module docstring, as one Cell."""
+    from mindspore import dtype as mstype
     from mindspore import nn, ops
 
-    from mindspore_relaygr.model.network import FullGraph
+    from mindspore_relaygr.model.batch_forward import BatchForward
+    from mindspore_relaygr.model.hstu import take
+    from mindspore_relaygr.train.losses import sampled_softmax_loss
 
-    class RankingLoss(nn.Cell):
+    tc, temperature = config.train, config.model.score_temperature
+    groups, group_size = shape.num_cuts, shape.group_size
+
+    class GRLoss(nn.Cell):
         def __init__(self) -> None:
             super().__init__(auto_prefix=False)  # keep the parameter names a checkpoint is loaded by
-            self.graph = FullGraph(net, fused=False)  # the fused Custom ops have no gradient
+            self.forward = BatchForward(net, config.model.dropout)
+            self.net = net
 
-        def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid, cand_ids, cand_pos,
-                      cand_hi, cand_lo, labels, weights):
-            logits = self.graph(item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid, cand_ids, cand_pos,
-                                cand_hi, cand_lo)  # [M, tasks]
-            # Stable BCE with logits: max(x, 0) - x * y + log(1 + exp(-|x|)).
-            bce = ops.relu(logits) - logits * labels + ops.log1p(ops.exp(-ops.abs(logits)))
-            return ops.reduce_sum(bce * weights)
+        def construct(self, item_ids, action_ids, user_feats, user_row, valid, hist_idx, cand_idx, next_ids, neg_ids,
+                      group_valid, high_rating):
+            hidden = self.forward(item_ids, action_ids, user_feats, user_row, valid, hist_idx, cand_idx)
+            b, t, d = hidden.shape
+            n = t - groups * group_size  # history tokens; the candidate groups follow
+            table = self.net.item_table
+            targets = take(next_ids, 0, n, 1)
+            loss = sampled_softmax_loss(take(hidden, 0, n, 1), ops.gather(table, targets, 0),
+                                        ops.gather(table, neg_ids, 0), targets, neg_ids, temperature)
+            cand_hidden = ops.reshape(take(hidden, n, t, 1), (b, groups, group_size, d))
+            cand_ids = ops.reshape(take(item_ids, n, t, 1), (b, groups, group_size))
+            logits = self.net.engage_logits(cand_hidden, ops.gather(table, cand_ids, 0))  # [B, G, S]
+            pos_logit = take(logits, 0, 1, 2)
+            hit = take(cand_ids, 1, group_size, 2) == take(cand_ids, 0, 1, 2)
+            neg_logits = ops.select(hit, ops.full_like(take(logits, 1, group_size, 2), ACCIDENTAL_HIT),
+                                    take(logits, 1, group_size, 2))
+            ce = ops.logsumexp(ops.concat((pos_logit, neg_logits), axis=2), 2) - ops.squeeze(pos_logit, 2)
+            count = ops.maximum(ops.reduce_sum(group_valid), 1.0)
+            loss = loss + tc.candidate_loss_weight * ops.reduce_sum(ce * group_valid) / count
+            if self.net.head is not None:
+                positives = ops.squeeze(take(cand_hidden, 0, 1, 2), 2)  # [B, G, d]
+                x = take(self.net.head(positives), 0, 1, 2)[..., 0]  # high-rating logit [B, G]
+                bce = ops.relu(x) - x * high_rating + ops.log1p(ops.exp(-ops.abs(x)))
+                loss = loss + tc.high_rating_weight * ops.reduce_sum(bce * group_valid) / count
+            return ops.cast(loss, mstype.float32)
 
-    return RankingLoss()
+    return GRLoss()
 
 
 EMBEDDING_TABLES = ("item_table", "action_table", "user_table")
@@ -68,10 +101,9 @@ EMBEDDING_TABLES = ("item_table", "action_table", "user_table")
 def init_weights(net: Any, d_model: int, seed: int) -> None:
     """Re-initialize `net` at the scales of the HSTU reference code before training.
 
-    HSTUNet's Normal(0.02) everywhere leaves the history -> candidate path ~1e-6 strong at step 0, so a
-    model learns little beyond item popularity for thousands of steps. Here: embedding tables N(0, 0.02^2 d)
-    (the reference scales its 0.02 embeddings by sqrt(d)), projections Xavier-normal, biases and LayerNorms
-    as they are, the relative-bias table N(0, 0.02^2)."""
+    Embedding tables N(0, 0.02^2 d) (the reference scales its 0.02 embeddings by sqrt(d)); the U/V/Q/K
+    projection N(0, 0.02^2), so every layer starts close to the identity (its output is gated by a small U);
+    the other projections Xavier-normal; biases, LayerNorms and the relative-bias table as HSTUNet made them."""
     from mindspore import Tensor
 
     rng = np.random.default_rng([seed, 7])
@@ -79,62 +111,13 @@ def init_weights(net: Any, d_model: int, seed: int) -> None:
         shape, leaf = tuple(param.shape), name.rsplit(".", 1)[-1]
         if leaf in EMBEDDING_TABLES:
             value = rng.normal(0.0, 0.02 * np.sqrt(d_model), shape)
-        elif leaf.startswith("w_") and len(shape) == 3:  # per-head [h, d_in, d_out]
-            value = rng.normal(0.0, np.sqrt(2.0 / (shape[1] + shape[2])), shape)
+        elif (leaf.startswith("w_") and len(shape) == 3) or name.endswith("w_u.weight"):  # W1: U, V, Q, K
+            value = rng.normal(0.0, 0.02, shape)
         elif leaf == "weight" and len(shape) == 2:  # nn.Dense [d_out, d_in]
             value = rng.normal(0.0, np.sqrt(2.0 / (shape[0] + shape[1])), shape)
         else:
             continue
         param.set_data(Tensor(value.astype(np.float32)))
-
-
-@dataclass(frozen=True)
-class Cut:
-    """One training step: a user's history up to a cut point, the events right after it, sampled negatives."""
-
-    user_id: int
-    history: History  # events before the cut (the most recent max_history_len)
-    positive_ids: np.ndarray  # int32 [p]: the next p events' items (p <= train.num_positives)
-    high_rating: np.ndarray  # float32 [p]: second task's labels of the positives
-    negative_ids: np.ndarray  # int32 [k], never in the user's training sequence
-
-    @property
-    def candidate_ids(self) -> np.ndarray:
-        return np.concatenate([self.positive_ids, self.negative_ids]).astype(np.int32)
-
-
-def iter_cuts(train: Mapping[int, History], num_items: int, rng: np.random.Generator, num_negatives: int,
-              num_positives: int = 1, max_len: int | None = None, examples_per_user: int = 1) -> Iterator[Cut]:
-    """One epoch of cuts: users in random order, each cut `examples_per_user` times at a random t in [1, n)
-    (as `data.sequences.iter_training_examples`); positives are events t .. t + num_positives - 1."""
-    for uid in rng.permutation(sorted(train)).tolist():
-        seq = train[uid]
-        if len(seq) <= 1:
-            continue
-        for t in rng.integers(1, len(seq), size=examples_per_user).tolist():
-            hist = seq.slice(0, t) if max_len is None else cap_history(seq.slice(0, t), max_len)
-            end = min(t + num_positives, len(seq))
-            high = (seq.action_ids[t:end] >= HIGH_RATING_ACTION).astype(np.float32)
-            yield Cut(uid, hist, seq.item_ids[t:end].astype(np.int32), high,
-                      sample_negatives(rng, num_items, seq.item_ids, num_negatives))
-
-
-def cut_targets(cut: Cut, num_tasks: int, bucket: int, high_rating_weight: float
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """(labels, weights), both float32 [bucket, num_tasks]; padded candidates weigh 0.
-
-    Engage: the mean BCE over positives + the mean BCE over negatives. High rating: `high_rating_weight` x
-    the mean BCE over positives (negatives were never rated)."""
-    p, k = len(cut.positive_ids), len(cut.negative_ids)
-    labels = np.zeros((bucket, num_tasks), np.float32)
-    weights = np.zeros((bucket, num_tasks), np.float32)
-    labels[:p, ENGAGE] = 1.0
-    weights[:p, ENGAGE] = 1.0 / p
-    weights[p:p + k, ENGAGE] = 1.0 / max(k, 1)
-    if num_tasks > HIGH_RATING:
-        labels[:p, HIGH_RATING] = cut.high_rating
-        weights[:p, HIGH_RATING] = high_rating_weight / p
-    return labels, weights
 
 
 @dataclass
@@ -145,120 +128,193 @@ class TrainResult:
     checkpoint: Path  # the best checkpoint by validation NDCG@10
     best: dict[str, Any]  # epoch, step and validation metrics of the best checkpoint
     evals: list[dict[str, Any]] = field(default_factory=list)  # one entry per validation
-    losses: list[float] = field(default_factory=list)  # per step
+    epoch_losses: list[float] = field(default_factory=list)
+    step_losses: list[float] = field(default_factory=list)  # this worker's loss of every step
+    steps: int = 0
     seconds: float = 0.0
+    tokens_per_s: float = 0.0  # valid tokens through the training graph per second (steps only)
 
 
 class Trainer:
-    """Owns the model, the train graph and the optimizer; `fit()` runs `train.epochs` epochs."""
+    """Owns the model, the train graph and the optimizer; `fit()` runs up to `train.epochs` epochs."""
 
     def __init__(self, config: RelayGRConfig, data: PreparedData | None = None, model: Any = None,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, shard: Shard = SINGLE_PROCESS) -> None:
         from mindspore import nn
 
         from mindspore_relaygr.model.ranker import RelayGRModel
 
-        self.config, self.tc = config, config.train
+        self.config, self.tc, self.shard = config, config.train, shard
+        self.is_chief = shard.rank == 0  # the worker that writes files
         self.data = data if data is not None else prepare_data(config)
-        cands = self.tc.num_positives + self.tc.num_negatives
-        if cands > config.model.max_candidates:
-            raise ConfigError(f"train.num_negatives={self.tc.num_negatives}: num_positives + num_negatives = {cands} "
-                              f"exceeds the largest candidate bucket {config.model.max_candidates}")
+        self.shape = BatchShape(self.tc.batch_size, self.tc.num_negatives, self.tc.num_cuts,
+                                self.tc.num_candidate_negatives)
+        if self.tc.num_negatives > self.data.num_items:
+            raise ConfigError(f"train.num_negatives={self.tc.num_negatives}: more than the {self.data.num_items} items")
         self.model = model if model is not None else RelayGRModel(config)
         if self.tc.init == "xavier":
             init_weights(self.model.net, config.model.d_model, config.model.seed)
         self.progress = progress or (lambda msg: logger.info("%s", msg))
-        self.num_tasks = len(config.model.task_names)
         params = self.model.net.trainable_params()
-        names = [p.name for p in params]
-        self.optimizer = nn.Adam(params, learning_rate=self.tc.lr, weight_decay=self.tc.weight_decay)
-        self.step_cell = nn.TrainOneStepCell(_loss_cell(self.model.net), self.optimizer)
-        assert [p.name for p in params] == names, "wrapping the net renamed its parameters"
+        # nn.Adam, not nn.AdamWeightDecay: MindSpore's AdamWeightDecay has no bias correction (its first step
+        # is 0.71 lr at beta2 0.98); the reference's AdamW with weight decay 0 is Adam.
+        self.optimizer = nn.Adam(params, learning_rate=self.tc.lr, beta1=0.9, beta2=self.tc.beta2,
+                                 weight_decay=self.tc.weight_decay)
+        self.step_cell = nn.TrainOneStepCell(_loss_cell(self.model.net, config, self.shape), self.optimizer)
         self.step_cell.set_train(True)
         self.rng = np.random.default_rng(self.tc.seed)
-        self.valid_set = self.data.eval_set("valid", self.tc.max_eval_users)
+        self.windows = {u: window(s, self.data.max_history_len) for u, s in self.data.split.train.items()}
+        self.valid_cases = ranking_cases(self.data.split.valid, self.data.max_history_len, self.tc.max_eval_users)
+        self.scorer = BatchedScorer(self.model.net, config.model, self.data.num_items)
 
-    def train_step(self, cut: Cut) -> float:
-        """One optimizer step on one cut; returns its loss (before the update)."""
+    def train_step(self, batch: dict[str, np.ndarray]) -> float:
+        """One optimizer step on one batch; returns its loss (before the update)."""
         from mindspore import Tensor
 
-        inputs = full_inputs(self.config.model, cut.history, cut.candidate_ids)
-        labels, weights = cut_targets(cut, self.num_tasks, len(inputs[8]), self.tc.high_rating_weight)
-        loss = self.step_cell(*(Tensor(a) for a in (*inputs, labels, weights)))
+        loss = self.step_cell(*(Tensor(batch[k]) for k in (*FORWARD_FIELDS, *TARGET_FIELDS)))
         return float(loss.asnumpy())
 
     def validate(self) -> dict[str, float]:
-        """HR@10 / NDCG@10 / MRR / AUC of the current weights on the validation set (via rank_full)."""
-        from mindspore_relaygr.train.evaluate import evaluate_examples, score_full
+        """Full-ranking HR/NDCG@{10,50,200} and MRR on the validation cases (all items, history filtered),
+        through the batched forward (equal to `rank_full`, which `relaygr eval` uses)."""
+        return metrics_of(self.scorer.ranks(self.valid_cases))
 
-        self.model.refresh_weights()  # the training steps changed the per-head weights
-        return evaluate_examples(score_full(self.model, self.valid_set), len(self.valid_set))
-
-    def epoch_cuts(self) -> list[Cut]:
-        return list(iter_cuts(self.data.split.train, self.data.num_items, self.rng, self.tc.num_negatives,
-                              self.tc.num_positives, self.data.max_history_len, self.tc.examples_per_user))
-
-    def fit(self) -> TrainResult:
-        """Train, validate every `eval_every` epochs, keep the best checkpoint; write config and metrics."""
+    def fit(self, resume: bool = False) -> TrainResult:
+        """Train, validate every `eval_every` epochs, keep the best checkpoint, stop early; see the module."""
         out = Path(self.tc.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        save_config(self.config, out / CONFIG_NAME)
+        if self.is_chief:
+            out.mkdir(parents=True, exist_ok=True)
+            save_config(self.config, out / CONFIG_NAME)
         result = TrainResult(out, out / CHECKPOINT_NAME, {"valid_ndcg@10": -1.0})
-        t0 = time.perf_counter()
-        step, total = 0, None
-        for epoch in range(1, self.tc.epochs + 1):
-            cuts = self.epoch_cuts()
-            total = total or len(cuts) * self.tc.epochs
-            tick, window = time.perf_counter(), []
-            for cut in cuts:
-                loss = self.train_step(cut)
-                result.losses.append(loss)
-                window.append(loss)
-                step += 1
-                if step % self.tc.log_every == 0:
-                    rate = len(window) / (time.perf_counter() - tick)
-                    self.progress(f"epoch {epoch}/{self.tc.epochs} step {step}/{total} loss {np.mean(window):.4f} "
-                                  f"{rate:.1f} steps/s eta {(total - step) / rate:.0f} s")
-                    tick, window = time.perf_counter(), []
+        first_epoch = self._resume(result) if resume else 1
+        t0, train_seconds, tokens = time.perf_counter(), 0.0, 0
+        for epoch in range(first_epoch, self.tc.epochs + 1):
+            tick = time.perf_counter()
+            loss, epoch_tokens = self._epoch(epoch, result)
+            train_seconds += time.perf_counter() - tick
+            tokens += epoch_tokens
+            result.epoch_losses.append(loss)
+            stop = False
             if epoch % self.tc.eval_every == 0 or epoch == self.tc.epochs:
-                self._validate(result, epoch, step, float(np.mean(result.losses[-len(cuts):])))
+                stop = self._validate(result, epoch, loss)
+            self._save_state(result, epoch)
+            if stop:
+                self.progress(f"early stop after epoch {epoch}: no better validation NDCG@10 in "
+                              f"{self.tc.patience} validations")
+                break
         result.seconds = time.perf_counter() - t0
-        self.model.refresh_weights()
+        self.model.refresh_weights()  # the serving graphs read assembled copies of the trained weights
+        result.tokens_per_s = tokens / max(train_seconds, 1e-9)
         self._write_metrics(result)
         return result
 
-    def _validate(self, result: TrainResult, epoch: int, step: int, train_loss: float) -> None:
+    def _epoch(self, epoch: int, result: TrainResult) -> tuple[float, int]:
+        """One pass over every user's window; prints a progress line every `log_every` steps."""
+        plan = list(iter_batches(self.windows, self.config.model, self.shape, self.data.num_items, self.rng,
+                                 (self.tc.seed, epoch), self.shard))
+        losses, tokens, tick = [], 0, time.perf_counter()
+        for i, (_, _, batch) in enumerate(plan, 1):
+            losses.append(self.train_step(batch))
+            result.step_losses.append(losses[-1])
+            tokens += int(batch["valid"].sum())
+            result.steps += 1
+            if i % self.tc.log_every == 0 or i == len(plan):
+                elapsed = time.perf_counter() - tick
+                bar = "#" * (20 * i // len(plan))
+                self.progress(f"epoch {epoch}/{self.tc.epochs} [{bar:<20}] {i}/{len(plan)} loss "
+                              f"{np.mean(losses[-self.tc.log_every:]):.4f} {tokens / elapsed:,.0f} tokens/s "
+                              f"eta {elapsed / i * (len(plan) - i):.0f} s")
+        return float(np.mean(losses)), tokens
+
+    def _validate(self, result: TrainResult, epoch: int, train_loss: float) -> bool:
+        """Validate, keep the best checkpoint; True when training should stop (patience used up)."""
         t0 = time.perf_counter()
         metrics = {f"valid_{k}": v for k, v in self.validate().items()}
-        entry = {"epoch": epoch, "step": step, "train_loss": train_loss, **metrics,
+        entry = {"epoch": epoch, "step": result.steps, "train_loss": train_loss, **metrics,
                  "eval_seconds": time.perf_counter() - t0}
         result.evals.append(entry)
         best = entry["valid_ndcg@10"] > result.best["valid_ndcg@10"]
         if best:
             result.best = entry
-            self.model.save_checkpoint(result.checkpoint)
-        self.progress(f"epoch {epoch} validation: HR@10 {entry['valid_hr@10']:.4f} NDCG@10 "
-                      f"{entry['valid_ndcg@10']:.4f} (train loss {train_loss:.4f}, {entry['eval_seconds']:.1f} s)"
-                      + (" -> saved best checkpoint" if best else ""))
+            if self.is_chief:
+                self.model.save_checkpoint(result.checkpoint)
+        self.progress(f"epoch {epoch} validation ({entry['valid_users']} users, all items): HR@10 "
+                      f"{entry['valid_hr@10']:.4f} NDCG@10 {entry['valid_ndcg@10']:.4f} (train loss {train_loss:.4f}, "
+                      f"{entry['eval_seconds']:.1f} s)" + (" -> saved best checkpoint" if best else ""))
+        since_best = sum(1 for e in result.evals if e["epoch"] > result.best["epoch"])
+        return since_best >= self.tc.patience
+
+    def _save_state(self, result: TrainResult, epoch: int) -> None:
+        import mindspore as ms
+
+        if not self.is_chief:
+            return
+        out = result.output_dir
+        ms.save_checkpoint(self.step_cell, str(out / LAST_NAME))
+        state = {"epoch": epoch, "steps": result.steps, "best": result.best, "evals": result.evals,
+                 "epoch_losses": result.epoch_losses, "rng": self.rng.bit_generator.state}
+        (out / STATE_NAME).write_text(json.dumps(state, indent=1) + "\n")
+
+    def _resume(self, result: TrainResult) -> int:
+        """Load last.ckpt and train_state.json from the output directory; returns the next epoch."""
+        import mindspore as ms
+
+        out = result.output_dir
+        if not (out / STATE_NAME).is_file() or not (out / LAST_NAME).is_file():
+            raise ConfigError(f"cannot resume: {out / STATE_NAME} or {out / LAST_NAME} is missing")
+        state = json.loads((out / STATE_NAME).read_text())
+        ms.load_param_into_net(self.step_cell, ms.load_checkpoint(str(out / LAST_NAME)))
+        self.rng.bit_generator.state = state["rng"]
+        result.best, result.evals = state["best"], state["evals"]
+        result.epoch_losses, result.steps = state["epoch_losses"], state["steps"]
+        self.progress(f"resumed from {out / LAST_NAME} after epoch {state['epoch']} (step {state['steps']})")
+        return int(state["epoch"]) + 1
 
     def _write_metrics(self, result: TrainResult) -> None:
         data = self.data
+        if self.shard.size > 1:  # every worker's own step losses (each is the mean over its part of a batch)
+            path = result.output_dir / f"step_losses.rank{self.shard.rank}.json"
+            path.write_text(json.dumps(result.step_losses) + "\n")
+        if not self.is_chief:
+            return
         report = {
             "best": result.best,
             "evals": result.evals,
+            "epoch_losses": result.epoch_losses,
             "checkpoint": result.checkpoint.name,
             "train_seconds": result.seconds,
-            "steps": len(result.losses),
+            "steps": result.steps,
+            "workers": self.shard.size,
+            "tokens_per_s": result.tokens_per_s * self.shard.size,
             "data": {"source": data.interactions.source, "users": data.interactions.num_users,
                      "items": data.num_items, "events": len(data.interactions),
-                     "valid_users": len(self.valid_set), "max_history_len": data.max_history_len},
+                     "valid_users": len(self.valid_cases), "max_history_len": data.max_history_len},
         }
         (result.output_dir / METRICS_NAME).write_text(json.dumps(report, indent=2) + "\n")
 
 
-def train(config: RelayGRConfig, data: PreparedData | None = None, progress: Progress | None = None) -> TrainResult:
-    """Train the ranker of `config` on `config.data` (or `data`); see the module docstring."""
+def train(config: RelayGRConfig, data: PreparedData | None = None, progress: Progress | None = None,
+          resume: bool = False, distributed: bool = False) -> TrainResult:
+    """Train the ranker of `config` on `config.data` (or `data`); see the module docstring.
+
+    distributed=True: one data-parallel worker of a job launched by `msrun` (scripts/run_distribute_train.sh):
+    each worker builds its share of every global batch of `train.batch_size` rows, gradients are averaged
+    across workers, every worker validates (the weights are the same) and worker 0 writes the outputs."""
     import mindspore as ms
 
     ms.set_seed(config.train.seed)
-    return Trainer(config, data, progress=progress).fit()
+    shard = init_data_parallel(config) if distributed else Shard()
+    return Trainer(config, data, progress=progress, shard=shard).fit(resume=resume)
+
+
+def init_data_parallel(config: RelayGRConfig) -> Shard:
+    """Join the collective-communication group that msrun set up; data-parallel mode with averaged gradients."""
+    import mindspore as ms
+    from mindspore.communication import get_group_size, get_rank, init
+
+    from mindspore_relaygr.runtime import configure_context
+
+    configure_context(config.context)
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    return Shard(get_rank(), get_group_size())

@@ -26,7 +26,7 @@ def _run(argv: list[str]) -> int:
 
 def test_parser_defaults():
     args = _parser().parse_args(["train"])
-    assert args.config.endswith("configs/ml100k.yaml") and args.output_dir is None
+    assert args.config.endswith("configs/ml1m.yaml") and args.output_dir is None and not args.resume
     args = _parser().parse_args(["eval", "--checkpoint", "x/best.ckpt"])
     assert (args.config, args.split, args.suffix_len, args.no_baselines) == (None, "test", 8, False)
     with pytest.raises(SystemExit):

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from mindspore_relaygr.data.sequences import PopularityModel
 from mindspore_relaygr.train.baselines import left_pad
-from mindspore_relaygr.train.evaluate import format_table, ranking_metrics, relay_split, score_popularity
+from mindspore_relaygr.train.evaluate import format_table, protocol_rows, ranking_metrics
+from mindspore_relaygr.train.full_ranking import item_chunks
 
 
 def test_ranking_metrics_by_hand():
@@ -21,9 +21,28 @@ def test_ranking_metrics_by_hand():
     assert m["auc"] == pytest.approx(0.5)
 
 
-def test_relay_split_keeps_at_least_one_prefix_event():
-    assert [relay_split(n, 8) for n in (1, 5, 9, 100)] == [1, 1, 1, 92]
-    assert relay_split(10, 0) == 10
+def test_both_protocols_from_all_item_scores(synthetic_config):
+    """The sampled protocol reads the candidates' columns of the all-item scores; the full protocol ranks
+    every item but the history's."""
+    from mindspore_relaygr.train.dataset import prepare_data
+
+    data = prepare_data(synthetic_config)
+    examples = data.eval_set("test")[:3]
+    scores = np.tile(np.arange(61, dtype=np.float32), (3, 1))  # item i scores i
+    scores[:, 0] = -np.inf
+    rows = protocol_rows(scores, examples)
+    items = np.arange(1, 61)
+    ranks = [1 + np.sum((items > e.target_id) & ~np.isin(items, e.history.item_ids)) for e in examples]
+    assert rows["full"]["mrr"] == pytest.approx(np.mean(1.0 / np.array(ranks)))
+    assert rows["full"]["users"] == 3 and rows["sampled"]["users"] == 3
+    sampled = ranking_metrics(np.stack([e.candidate_ids for e in examples]).astype(np.float64))
+    assert rows["sampled"]["mrr"] == pytest.approx(sampled["mrr"])
+
+
+def test_item_chunks_cover_every_item_once():
+    chunks = item_chunks(70, 32)
+    assert [len(c) for c in chunks] == [32, 32, 6]
+    np.testing.assert_array_equal(np.concatenate(chunks), np.arange(1, 71))
 
 
 def test_left_pad():
@@ -31,31 +50,33 @@ def test_left_pad():
     np.testing.assert_array_equal(left_pad(np.array([5, 6, 7]), 2), [6, 7])
 
 
-def test_popularity_scores_follow_training_counts(synthetic_config):
+@pytest.mark.slow
+@pytest.mark.parametrize("suffix_len", [0, 3, 16])
+def test_full_and_relay_paths_score_every_item_alike(trained_run, synthetic_config, suffix_len):
     from mindspore_relaygr.train.dataset import prepare_data
+    from mindspore_relaygr.train.full_ranking import full_path_logits, relay_path_logits
 
-    data = prepare_data(synthetic_config)
-    pop = PopularityModel().fit(data.split.train)
-    examples = data.eval_set("test")
-    scores = score_popularity(pop, examples)
-    assert scores.shape == (len(examples), 21)
-    counts = np.bincount(np.concatenate([h.item_ids for h in data.split.train.values()]), minlength=61)
-    np.testing.assert_array_equal(scores[0], counts[examples[0].candidate_ids])
+    model = _trained_model(trained_run, synthetic_config)
+    chunks = item_chunks(60, synthetic_config.model.max_candidates)
+    for e in prepare_data(synthetic_config).eval_set("test")[:8]:
+        full, relay = full_path_logits(model, e.history, chunks), relay_path_logits(model, e.history, chunks,
+                                                                                    suffix_len)
+        assert np.isneginf(full[0]) and np.isfinite(full[1:]).all()
+        np.testing.assert_allclose(relay, full, atol=1e-4)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("suffix_len", [0, 3, 16])
-def test_full_and_relay_paths_give_identical_metrics(trained_run, synthetic_config, suffix_len):
-    from mindspore_relaygr.model.ranker import RelayGRModel
+def test_batched_scorer_ranks_as_rank_full(trained_run, synthetic_config):
     from mindspore_relaygr.train.dataset import prepare_data
-    from mindspore_relaygr.train.evaluate import score_full, score_relay
+    from mindspore_relaygr.train.full_ranking import BatchedScorer, full_path_logits, rank_cases, ranking_cases
 
     model = _trained_model(trained_run, synthetic_config)
-    assert isinstance(model, RelayGRModel)
-    examples = prepare_data(synthetic_config).eval_set("test")
-    full, relay = score_full(model, examples), score_relay(model, examples, suffix_len)
-    assert np.abs(full - relay).max() <= 1e-5
-    assert ranking_metrics(full) == ranking_metrics(relay)
+    data = prepare_data(synthetic_config)
+    cases = ranking_cases(data.split.valid, data.max_history_len)
+    chunks = item_chunks(60, synthetic_config.model.max_candidates)
+    want = rank_cases(lambda h: full_path_logits(model, h, chunks), cases)
+    got = BatchedScorer(model.net, synthetic_config.model, 60, batch_size=7).ranks(cases)
+    np.testing.assert_array_equal(got, want)
 
 
 _MODELS = {}
@@ -77,13 +98,14 @@ def test_run_evaluation_report(trained_run, synthetic_config, tmp_path):
 
     report = run_evaluation(synthetic_config, trained_run.checkpoint, "test", suffix_len=4)
     rows = report["rows"]
-    assert list(rows) == ["ours (full path)", "ours (relay path, suffix 4)", "popularity", "SASRec-style"]
-    assert report["identical_metrics"] and report["max_abs_diff_full_vs_relay"] <= 1e-5
-    assert all(row["users"] == report["users"] == 40 for row in rows.values())
-    # The synthetic users walk the item ids: both sequence models must beat popularity by far.
-    assert rows["ours (full path)"]["hr@10"] > rows["popularity"]["hr@10"] + 0.2
-    assert rows["SASRec-style"]["hr@10"] > rows["popularity"]["hr@10"] + 0.2
+    assert list(rows) == ["ours (full path)", "ours (relay path, suffix 4)", "popularity", "SASRec"]
+    assert report["identical_metrics"] and report["max_abs_diff_full_vs_relay"] <= 1e-4
+    for row in rows.values():
+        assert row["full"]["users"] == row["sampled"]["users"] == report["users"] == 40
+    # Users keep to one third of the catalogue: both sequence models must beat popularity by far.
+    assert rows["ours (full path)"]["full"]["hr@10"] > rows["popularity"]["full"]["hr@10"] + 0.2
+    assert rows["SASRec"]["full"]["hr@10"] > rows["popularity"]["full"]["hr@10"] + 0.2
     write_report(report, tmp_path / "eval.json")
     assert json.loads((tmp_path / "eval.json").read_text())["rows"].keys() == rows.keys()
     table = format_table(report)
-    assert "SASRec-style" in table and "metrics identical: True" in table
+    assert "SASRec" in table and "metrics identical: True" in table and "hr@200" in table

@@ -1,0 +1,142 @@
+"""Full-ranking evaluation (the generative-recommenders protocol): the target among all items.
+
+For each evaluated user: the history (the most recent `max_history_len` events before the target) is scored
+against every item id, the items of that history are removed from the ranking (the target never is), and the
+target's 1-based rank gives HR@K / NDCG@K / MRR (`train.metrics`). Our ranker scores items as candidates
+(M-FALCON) in chunks of the largest candidate bucket, through the full path or the relay path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mindspore_relaygr.config import ModelConfig
+from mindspore_relaygr.data.sequences import Target, cap_history
+from mindspore_relaygr.model.batch_index import RabIndex
+from mindspore_relaygr.model.inputs import History
+from mindspore_relaygr.train.batches import FORWARD_FIELDS, history_bucket, ranking_row
+from mindspore_relaygr.train.metrics import full_ranking_ranks, ranking_metrics_at
+
+KS = (10, 50, 200)
+ENGAGE = 0
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RankingCase:
+    """One user's full-ranking task."""
+
+    user_id: int
+    history: History  # capped to the model's history length; its items are excluded from the ranking
+    target_id: int
+
+
+def ranking_cases(targets: Mapping[int, Target], max_len: int, max_users: int | None = None) -> list[RankingCase]:
+    """Cases for the `targets` of a split (ascending user id; the first `max_users` when given)."""
+    cases = [RankingCase(uid, cap_history(targets[uid].history, max_len), targets[uid].item_id)
+             for uid in sorted(targets)]
+    return cases if max_users is None else cases[:max_users]
+
+
+def item_chunks(num_items: int, chunk: int) -> list[np.ndarray]:
+    """Item ids 1..num_items in consecutive chunks of at most `chunk`."""
+    ids = np.arange(1, num_items + 1, dtype=np.int32)
+    return [ids[s:s + chunk] for s in range(0, num_items, chunk)]
+
+
+def full_path_logits(model: Any, history: History, chunks: Sequence[np.ndarray]) -> np.ndarray:
+    """Engage logits [num_items + 1] of every item (column 0 = padding, -inf) through `rank_full`."""
+    out = np.full(sum(len(c) for c in chunks) + 1, -np.inf, np.float32)
+    for ids in chunks:
+        out[ids] = model.rank_full(history, ids, logits=True)[:, ENGAGE]
+    return out
+
+
+def relay_path_logits(model: Any, history: History, chunks: Sequence[np.ndarray], suffix_len: int,
+                      slot: int = 0) -> np.ndarray:
+    """As `full_path_logits` through the relay path: prefill all but the last `suffix_len` events once,
+    then `rank_cached` every chunk with those events as the short-term suffix."""
+    keep = max(1, len(history) - suffix_len)
+    model.prefill(slot, history.slice(0, keep))
+    out = np.full(sum(len(c) for c in chunks) + 1, -np.inf, np.float32)
+    try:
+        for ids in chunks:
+            out[ids] = model.rank_cached(slot, keep, history.slice(keep), ids, logits=True)[:, ENGAGE]
+    finally:
+        model.release_slot(slot)
+    return out
+
+
+def rank_cases(score: Callable[[History], np.ndarray], cases: Sequence[RankingCase],
+               progress: Progress | None = None, every: int = 500) -> np.ndarray:
+    """1-based ranks of every case's target under `score(history) -> [num_items + 1]`."""
+    ranks = np.zeros(len(cases), np.int64)
+    for i, case in enumerate(cases):
+        scores = score(case.history)[None, :]
+        ranks[i] = full_ranking_ranks(scores, np.array([case.target_id]), [case.history.item_ids])[0]
+        if progress and (i + 1) % every == 0:
+            progress(f"ranked {i + 1}/{len(cases)} users")
+    return ranks
+
+
+class BatchedScorer:
+    """Engage logits of every item for many histories at once through the batched training forward
+    (dropout off): `batch_size` users per graph call, grouped by length bucket. The same math as
+    `full_path_logits` (tests compare them), far fewer graph calls; used to validate during training."""
+
+    def __init__(self, net: Any, cfg: ModelConfig, num_items: int, batch_size: int = 32) -> None:
+        from mindspore import nn, ops
+
+        from mindspore_relaygr.model.batch_forward import BatchForward
+
+        self.cfg, self.batch_size, self.rab = cfg, batch_size, RabIndex(cfg)
+        self.item_ids = np.arange(1, num_items + 1, dtype=np.int32)
+        forward = BatchForward(net, 0.0)
+
+        class ScoreAll(nn.Cell):
+            def __init__(self) -> None:
+                super().__init__(auto_prefix=False)
+                self.forward, self.net = forward, net
+
+            def construct(self, item_ids, action_ids, user_feats, user_row, valid, hist_idx, cand_idx):
+                hidden = self.forward(item_ids, action_ids, user_feats, user_row, valid, hist_idx, cand_idx)
+                n = hist_idx.shape[1]
+                cand = ops.slice(hidden, (0, n, 0), (hidden.shape[0], hidden.shape[1] - n, hidden.shape[2]))
+                return self.net.engage_logits(cand, ops.gather(self.net.item_table, ops.slice(
+                    item_ids, (0, n), (item_ids.shape[0], item_ids.shape[1] - n)), 0))
+
+        self.cell = ScoreAll()
+        self.cell.set_train(False)
+
+    def ranks(self, cases: Sequence[RankingCase]) -> np.ndarray:
+        """1-based full-ranking ranks of every case's target (history items filtered)."""
+        from mindspore import Tensor
+
+        by_bucket: dict[int, list[int]] = {}
+        for i, case in enumerate(cases):
+            by_bucket.setdefault(history_bucket(self.cfg, len(case.history)), []).append(i)
+        ranks = np.zeros(len(cases), np.int64)
+        for bucket, members in sorted(by_bucket.items()):
+            for s in range(0, len(members), self.batch_size):
+                chunk = members[s:s + self.batch_size]
+                rows = [ranking_row(self.cfg, cases[i].history, bucket, self.item_ids, self.rab) for i in chunk]
+                rows += [rows[-1]] * (self.batch_size - len(rows))  # a full batch: one graph shape per bucket
+                arrays = [Tensor(np.stack([r[k] for r in rows])) for k in FORWARD_FIELDS]
+                logits = self.cell(*arrays).asnumpy()[: len(chunk)]
+                scores = np.concatenate([np.full((len(chunk), 1), -np.inf, np.float32), logits], axis=1)
+                ranks[chunk] = batch_ranks(scores, [cases[i] for i in chunk])
+        return ranks
+
+
+def batch_ranks(scores: np.ndarray, cases: Sequence[RankingCase]) -> np.ndarray:
+    """Ranks for precomputed scores [B, num_items + 1] (one row per case)."""
+    return full_ranking_ranks(scores, np.array([c.target_id for c in cases]), [c.history.item_ids for c in cases])
+
+
+def metrics_of(ranks: np.ndarray) -> dict[str, float]:
+    """HR@K, NDCG@K (K in 10, 50, 200) and MRR of 1-based ranks, plus the number of users."""
+    return {**ranking_metrics_at(ranks, KS), "users": int(len(ranks))}
