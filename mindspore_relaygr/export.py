@@ -121,7 +121,7 @@ def graph_cells(net: Any) -> tuple[Any, Any]:
             self.net = net
 
         def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid):
-            x = self.net.add_user_token(self.net.embed(item_ids, action_ids), user_feats, user_row)
+            x = self.net.add_user_token(self.net.embed(item_ids, action_ids, pos), user_feats, user_row)
             keys, values, _ = self.net.encode(x, (pos, hi, lo, valid), None, None, None, False)
             return ops.stack(keys), ops.stack(values)
 
@@ -135,8 +135,8 @@ def graph_cells(net: Any) -> tuple[Any, Any]:
 
         def construct(self, keys, values, past_pos, past_hi, past_lo, past_valid, item_ids, action_ids, pos, hi,
                       lo, valid, cand_ids, cand_pos, cand_hi, cand_lo):
-            x = self.net.embed(item_ids, action_ids)
-            cand = self.net.embed_candidates(cand_ids)
+            x = self.net.embed(item_ids, action_ids, pos)
+            cand = self.net.embed_candidates(cand_ids, cand_pos)
             # encode takes K/V per layer; Slice (not integer indexing, slow on CPU) splits the stacked inputs.
             keys = tuple(ops.squeeze(take(keys, i, i + 1), 0) for i in range(self.num_layers))
             values = tuple(ops.squeeze(take(values, i, i + 1), 0) for i in range(self.num_layers))

@@ -39,10 +39,10 @@ class BatchForward(nn.Cell):
         offsets = np.arange(rab.num_heads) * (rab.mask_index + 1)
         self.head_offsets = Tensor(offsets.reshape(1, -1, 1, 1).astype(np.int32))
 
-    def construct(self, item_ids, action_ids, user_feats, user_row, valid, hist_idx, cand_idx):
-        """item_ids, action_ids [B, T] int32; user_row [B, T] float32; valid [B, T] bool; user_feats [B, F]
+    def construct(self, item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx):
+        """item_ids, action_ids, pos [B, T] int32; user_row [B, T] float32; valid [B, T] bool; user_feats [B, F]
         int32 (offset ids, as the serving graphs take them); hist_idx [B, n, n], cand_idx [B, G, n] int32."""
-        x = self.net.embed(item_ids, action_ids)  # [B, T, d]
+        x = self.net.embed(item_ids, action_ids, pos)  # [B, T, d]
         user = ops.sum(ops.gather(self.net.user_table, user_feats, 0), 1, keepdim=True)  # [B, 1, d]
         x = x + ops.expand_dims(user_row, -1) * user
         x = self.input_drop(x) * ops.expand_dims(ops.cast(valid, x.dtype), -1)

@@ -29,6 +29,10 @@ class HSTUNet(nn.Cell):
         # Two extra actions: the user/context token and "candidate".
         self.action_table = Parameter(initializer(Normal(0.02), (cfg.num_actions + 2, d), mstype.float32),
                                       name="action_table")
+        # Absolute positions (as the HSTU reference): a cached prefix's positions never depend on what follows.
+        self.pos_table = Parameter(initializer(Normal(0.02), (cfg.max_seq_len + 1, d), mstype.float32),
+                                   name="pos_table")
+        self.max_pos = cfg.max_seq_len
         self.user_table = Parameter(
             initializer(Normal(0.02), (max(1, sum(cfg.user_feature_sizes)), d), mstype.float32),
             name="user_table")
@@ -57,17 +61,23 @@ class HSTUNet(nn.Cell):
         for layer in self.layers:
             layer.assemble_weights()
 
-    def embed(self, item_ids: Tensor, action_ids: Tensor) -> Tensor:
-        return ops.gather(self.item_table, item_ids, 0) + ops.gather(self.action_table, action_ids, 0)
+    def embed(self, item_ids: Tensor, action_ids: Tensor, pos: Tensor) -> Tensor:
+        """Item + action + position embeddings (padding positions past the table are clipped)."""
+        return (ops.gather(self.item_table, item_ids, 0) + ops.gather(self.action_table, action_ids, 0)
+                + self.embed_positions(pos))
+
+    def embed_positions(self, pos: Tensor) -> Tensor:
+        return ops.gather(self.pos_table, ops.clip_by_value(pos, 0, self.max_pos), 0)
 
     def add_user_token(self, x: Tensor, user_feats: Tensor, user_row: Tensor) -> Tensor:
         """Add the summed user-feature embeddings to the rows where user_row == 1."""
         user = ops.sum(ops.gather(self.user_table, user_feats, 0), 0, keepdim=True)
         return x + ops.expand_dims(user_row, 1) * user
 
-    def embed_candidates(self, cand_ids: Tensor) -> Tensor:
+    def embed_candidates(self, cand_ids: Tensor, cand_pos: Tensor) -> Tensor:
+        """Candidates share one position (cand_pos [1]) and the "candidate" action."""
         action = take(self.action_table, self.candidate_action, self.candidate_action + 1)
-        return ops.gather(self.item_table, cand_ids, 0) + action
+        return ops.gather(self.item_table, cand_ids, 0) + action + self.embed_positions(cand_pos)
 
     def logits(self, cand_hidden: Tensor, cand_ids: Tensor) -> Tensor:
         """Candidate logits [M, tasks]: engage = cos(hidden, item embedding) / temperature, then the head."""
@@ -234,8 +244,8 @@ class FullGraph(nn.Cell):
 
     def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid,
                   cand_ids, cand_pos, cand_hi, cand_lo):
-        x = self.net.add_user_token(self.net.embed(item_ids, action_ids), user_feats, user_row)
-        cand = self.net.embed_candidates(cand_ids)
+        x = self.net.add_user_token(self.net.embed(item_ids, action_ids, pos), user_feats, user_row)
+        cand = self.net.embed_candidates(cand_ids, cand_pos)
         _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), None, cand, (cand_pos, cand_hi, cand_lo),
                                        self.fused)
         return self.net.logits(hidden, cand_ids)
@@ -264,7 +274,7 @@ class PrefixGraph(nn.Cell):
 
     def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid,
                   write_kv_ids, write_time_ids, past_kv_ids, past_time_ids, past_pos, past_valid):
-        x = self.net.add_user_token(self.net.embed(item_ids, action_ids), user_feats, user_row)
+        x = self.net.add_user_token(self.net.embed(item_ids, action_ids, pos), user_feats, user_row)
         past = None
         if self.with_past:
             past = _read_past(self.pool, self.direct, past_kv_ids, past_time_ids, past_pos, past_valid)
@@ -289,8 +299,8 @@ class CandidateGraph(nn.Cell):
 
     def construct(self, item_ids, action_ids, pos, hi, lo, valid, past_kv_ids, past_time_ids, past_pos,
                   past_valid, cand_ids, cand_pos, cand_hi, cand_lo):
-        x = self.net.embed(item_ids, action_ids)
-        cand = self.net.embed_candidates(cand_ids)
+        x = self.net.embed(item_ids, action_ids, pos)
+        cand = self.net.embed_candidates(cand_ids, cand_pos)
         past = _read_past(self.pool, self.direct, past_kv_ids, past_time_ids, past_pos, past_valid)
         _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo),
                                        self.fused)

@@ -26,7 +26,7 @@ from mindspore_relaygr.model.inputs import History, bucket_for, split_timestamps
 from mindspore_relaygr.train.feeds import prefix_inputs
 
 # Names of the arrays of a batch, in the order the loss cell takes them.
-FORWARD_FIELDS = ("item_ids", "action_ids", "user_feats", "user_row", "valid", "hist_idx", "cand_idx")
+FORWARD_FIELDS = ("item_ids", "action_ids", "pos", "user_feats", "user_row", "valid", "hist_idx", "cand_idx")
 TARGET_FIELDS = ("next_ids", "neg_ids", "group_valid", "high_rating")
 
 
@@ -64,7 +64,7 @@ def empty_row(cfg: ModelConfig, bucket: int, shape: BatchShape) -> dict[str, np.
     num_feats = max(1, len(cfg.user_feature_sizes))
     zeros_i = np.zeros(t, np.int32)
     mask = cfg.num_pos_buckets * cfg.num_time_buckets
-    return {"item_ids": zeros_i, "action_ids": zeros_i, "user_feats": np.zeros(num_feats, np.int32),
+    return {"item_ids": zeros_i, "action_ids": zeros_i, "pos": zeros_i, "user_feats": np.zeros(num_feats, np.int32),
             "user_row": np.zeros(t, np.float32), "valid": np.zeros(t, bool),
             "hist_idx": np.full((bucket, bucket), mask, np.int32),
             "cand_idx": np.full((shape.num_cuts, bucket), mask, np.int32),
@@ -87,6 +87,7 @@ def build_row(cfg: ModelConfig, events: History, bucket: int, shape: BatchShape,
     return {
         "item_ids": np.concatenate([items, cand["item_ids"]]),
         "action_ids": np.concatenate([actions, np.full(shape.num_candidates, cfg.num_actions + 1, np.int32)]),
+        "pos": np.concatenate([pos, np.repeat(cand["pos"], shape.group_size)]).astype(np.int32),
         "user_feats": feats,
         "user_row": np.concatenate([user_row, np.zeros(shape.num_candidates, np.float32)]),
         "valid": np.concatenate([valid, np.repeat(cand["group_valid"] > 0, shape.group_size)]),
@@ -181,6 +182,7 @@ def ranking_row(cfg: ModelConfig, history: History, bucket: int, candidate_ids: 
     return {
         "item_ids": np.concatenate([items, candidate_ids]).astype(np.int32),
         "action_ids": np.concatenate([actions, np.full(c, cfg.num_actions + 1, np.int32)]),
+        "pos": np.concatenate([pos, np.full(c, n_tok, np.int32)]),
         "user_feats": feats,
         "user_row": np.concatenate([user_row, np.zeros(c, np.float32)]),
         "valid": np.concatenate([valid, np.ones(c, bool)]),

@@ -117,8 +117,7 @@ def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "
         timed("SASRec", lambda: _sasrec_scores(config, data, examples, say))
     identical = rows[full_name]["full"] == rows[relay_name]["full"] and \
         rows[full_name]["sampled"] == rows[relay_name]["sampled"]
-    finite = np.isfinite(scores[full_name][:, 1:])
-    diff = np.abs(scores[full_name] - scores[relay_name])[:, 1:][finite]
+    diff = np.abs(scores[full_name][:, 1:] - scores[relay_name][:, 1:])  # column 0 is padding (-inf)
     return {"split": which, "users": len(examples), "num_items": data.num_items,
             "num_negatives": data.num_eval_negatives, "suffix_len": suffix_len, "checkpoint": str(checkpoint),
             "model_version": config.model.version, "data_source": data.interactions.source,

@@ -102,8 +102,8 @@ class BatchedScorer:
                 super().__init__(auto_prefix=False)
                 self.forward, self.net = forward, net
 
-            def construct(self, item_ids, action_ids, user_feats, user_row, valid, hist_idx, cand_idx):
-                hidden = self.forward(item_ids, action_ids, user_feats, user_row, valid, hist_idx, cand_idx)
+            def construct(self, item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx):
+                hidden = self.forward(item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx)
                 n = hist_idx.shape[1]
                 cand = ops.slice(hidden, (0, n, 0), (hidden.shape[0], hidden.shape[1] - n, hidden.shape[2]))
                 return self.net.engage_logits(cand, ops.gather(self.net.item_table, ops.slice(
