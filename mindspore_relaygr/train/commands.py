@@ -10,6 +10,7 @@ from pathlib import Path
 from mindspore_relaygr.config import RelayGRConfig, load_config
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+BASELINES = ("popularity", "sasrec")
 
 
 def _progress(tag: str):
@@ -48,8 +49,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     cfg = _checkpoint_config(args)
     t0 = time.perf_counter()
-    report = run_evaluation(cfg, args.checkpoint, args.split, args.suffix_len, not args.no_baselines,
-                            args.max_users, progress=_progress("eval"))
+    baselines = () if args.no_baselines else tuple(args.baselines)
+    report = run_evaluation(cfg, args.checkpoint, args.split, args.suffix_len, baselines, args.max_users,
+                            progress=_progress("eval"))
     report["wall_seconds"] = time.perf_counter() - t0
     print(format_table(report))
     out = Path(args.out) if args.out else Path(args.checkpoint).parent / f"eval_{args.split}.json"
@@ -113,7 +115,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--split", choices=("test", "valid"), default="test")
     ev.add_argument("--suffix-len", type=int, default=8, help="events ranked as the suffix on the relay path")
     ev.add_argument("--max-users", type=int, default=None, help="evaluate only the first N users")
-    ev.add_argument("--no-baselines", action="store_true", help="skip popularity and SASRec")
+    ev.add_argument("--baselines", nargs="+", choices=BASELINES, default=list(BASELINES),
+                    help="baselines in the same run (default: both; SASRec trains for train.sasrec_epochs)")
+    ev.add_argument("--no-baselines", action="store_true", help="skip every baseline")
     ev.add_argument("--out", help="report JSON (default: eval_<split>.json next to the checkpoint)")
     ev.set_defaults(func=cmd_eval)
 

@@ -83,8 +83,8 @@ def protocol_rows(scores: np.ndarray, examples: Sequence[EvalExample]) -> dict[s
 
 
 def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "test", suffix_len: int = 8,
-                   baselines: bool = True, max_users: int | None = None, data: PreparedData | None = None,
-                   progress: Progress | None = None) -> dict[str, Any]:
+                   baselines: Sequence[str] = ("popularity", "sasrec"), max_users: int | None = None,
+                   data: PreparedData | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """Evaluate the checkpoint (both paths) and the baselines; returns the report (see `format_table`)."""
     from mindspore_relaygr.model.ranker import RelayGRModel
 
@@ -110,10 +110,11 @@ def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "
     timed(full_name, lambda: score_all_items(lambda h: full_path_logits(model, h, chunks), examples, say))
     timed(relay_name, lambda: score_all_items(lambda h: relay_path_logits(model, h, chunks, suffix_len), examples,
                                               say))
-    if baselines:
+    if "popularity" in baselines:
         popularity = PopularityModel().fit(data.split.train)
         everything = np.arange(data.num_items + 1)
         timed("popularity", lambda: np.stack([popularity.score(everything) for _ in examples]))
+    if "sasrec" in baselines:
         timed("SASRec", lambda: _sasrec_scores(config, data, examples, say))
     identical = rows[full_name]["full"] == rows[relay_name]["full"] and \
         rows[full_name]["sampled"] == rows[relay_name]["sampled"]

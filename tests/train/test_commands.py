@@ -29,6 +29,8 @@ def test_parser_defaults():
     assert args.config.endswith("configs/ml1m.yaml") and args.output_dir is None and not args.resume
     args = _parser().parse_args(["eval", "--checkpoint", "x/best.ckpt"])
     assert (args.config, args.split, args.suffix_len, args.no_baselines) == (None, "test", 8, False)
+    assert args.baselines == ["popularity", "sasrec"]
+    assert _parser().parse_args(["eval", "--checkpoint", "c", "--baselines", "popularity"]).baselines == ["popularity"]
     with pytest.raises(SystemExit):
         _parser().parse_args(["export"])  # --checkpoint is required
 
@@ -41,9 +43,11 @@ def test_train_eval_export_commands(synthetic_data_path, tmp_path, capsys):
                  "--output-dir", str(out)]) == 0
     assert "best checkpoint" in capsys.readouterr().out
     checkpoint = str(out / "best.ckpt")
-    assert _run(["eval", "--checkpoint", checkpoint, "--no-baselines", "--max-users", "10", "--suffix-len", "2"]) == 0
+    assert _run(["eval", "--checkpoint", checkpoint, "--baselines", "popularity", "--max-users", "10",
+                 "--suffix-len", "2"]) == 0
     report = json.loads((out / "eval_test.json").read_text())
     assert report["users"] == 10 and report["identical_metrics"]
+    assert list(report["rows"]) == ["ours (full path)", "ours (relay path, suffix 2)", "popularity"]
     assert _run(["export", "--checkpoint", checkpoint]) == 0
     printed = capsys.readouterr().out
     assert "bundle" in printed and (out / "bundle" / "manifest.json").is_file()
