@@ -39,7 +39,7 @@ else
 fi
 
 step "3/6 evaluate on the test split: all 3706 movies ranked, first $DEMO_EVAL_USERS users, full and relay path"
-relaygr eval --checkpoint "$out/best.ckpt" --no-baselines --max-users $DEMO_EVAL_USERS
+relaygr eval --checkpoint "$out/best.ckpt" --baselines popularity --max-users $DEMO_EVAL_USERS
 
 step "4/6 export a serving bundle"
 relaygr export --checkpoint "$out/best.ckpt" --out-dir "$out/bundle" --overwrite

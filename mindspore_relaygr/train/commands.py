@@ -57,7 +57,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.checkpoint).parent / f"eval_{args.split}.json"
     write_report(report, out)
     print(f"wrote {out}; wall time {report['wall_seconds']:.0f} s")
-    return 0 if report["identical_metrics"] else 1
+    return 0 if report["paths_agree"] else 1
 
 
 def cmd_export(args: argparse.Namespace) -> int:

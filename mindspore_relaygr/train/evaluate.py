@@ -7,7 +7,10 @@
 
 Rows: ours through the full path (`rank_full`) and through the relay path (`prefill` all but the last
 `suffix_len` events once, then `rank_cached` with them as the short-term suffix); both score every item as a
-candidate (in chunks of the largest candidate bucket) and R1 says the metrics are identical. A candidate's
+candidate (in chunks of the largest candidate bucket). R1 bounds their score difference by 1e-5, so the
+metrics are identical unless an item sits within 2e-5 of a target's score (a near-tie that float
+summation order may break either way); `path_agreement` checks that every rank difference is such a
+near-tie and `relaygr eval` exits 1 otherwise. A candidate's
 score does not depend on the other candidates (M-FALCON), so the sampled protocol reads the same scores.
 Baselines: popularity (train-split counts) and SASRec trained on the same split with the same loss.
 Ours are ranked by the engage logit (task 0).
@@ -42,6 +45,7 @@ logger = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 K = 10
 SAMPLED_METRICS = (f"hr@{K}", f"ndcg@{K}", "mrr", "auc")
+R1_TOLERANCE = 1e-5  # the exactness invariant's bound on |full - relay| scores
 FULL_METRICS = ("hr@10", "ndcg@10", "hr@50", "ndcg@50", "hr@200", "ndcg@200", "mrr")
 
 
@@ -119,11 +123,31 @@ def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "
     identical = rows[full_name]["full"] == rows[relay_name]["full"] and \
         rows[full_name]["sampled"] == rows[relay_name]["sampled"]
     diff = np.abs(scores[full_name][:, 1:] - scores[relay_name][:, 1:])  # column 0 is padding (-inf)
+    agreement = path_agreement(scores[full_name], scores[relay_name], examples)
     return {"split": which, "users": len(examples), "num_items": data.num_items,
             "num_negatives": data.num_eval_negatives, "suffix_len": suffix_len, "checkpoint": str(checkpoint),
             "model_version": config.model.version, "data_source": data.interactions.source,
             "max_history_len": data.max_history_len, "max_abs_diff_full_vs_relay": float(diff.max()),
-            "identical_metrics": identical, "rows": {k: {**v} for k, v in rows.items()}}
+            "identical_metrics": identical, **agreement, "rows": {k: {**v} for k, v in rows.items()}}
+
+
+def path_agreement(full: np.ndarray, relay: np.ndarray, examples: Sequence[EvalExample],
+                   tolerance: float = R1_TOLERANCE) -> dict[str, Any]:
+    """Do the relay path's all-item scores rank every target as the full path's do?
+
+    R1 bounds the score difference by `tolerance`, not by 0, so an item scored within 2 x tolerance of the
+    target on the full path may land on either side of it on the relay path (a near-tie; with thousands of
+    items per user this happens). `paths_agree` holds when every score is within tolerance and every
+    target's rank differs by at most the number of its near-ties."""
+    cases = cases_of(examples)
+    ranks_full, ranks_relay = batch_ranks(full, cases), batch_ranks(relay, cases)
+    targets = np.array([e.target_id for e in examples])
+    gap = np.abs(full - full[np.arange(len(examples)), targets][:, None])
+    near = np.array([int(np.sum(np.delete(g[1:] <= 2 * tolerance, t - 1))) for g, t in zip(gap, targets, strict=True)])
+    moved = np.abs(ranks_full - ranks_relay)
+    within = bool(np.abs(full[:, 1:] - relay[:, 1:]).max() <= tolerance)
+    return {"rank_differences": int(np.sum(moved > 0)), "rank_differences_unexplained": int(np.sum(moved > near)),
+            "paths_agree": within and bool(np.all(moved <= near)), "r1_tolerance": tolerance}
 
 
 def _sasrec_scores(config: RelayGRConfig, data: PreparedData, examples: Sequence[EvalExample],
@@ -150,7 +174,9 @@ def format_table(report: dict[str, Any]) -> str:
         for name, row in report["rows"].items():
             lines.append(f"{name:<34}" + "".join(f"{row[protocol][m]:>9.4f}" for m in names))
     lines.append(f"max |full - relay| engage logit = {report['max_abs_diff_full_vs_relay']:.2e}; "
-                 f"metrics identical: {report['identical_metrics']}")
+                 f"metrics identical: {report['identical_metrics']}; targets ranked differently: "
+                 f"{report['rank_differences']} (all by near-ties within 2 x {report['r1_tolerance']:g}: "
+                 f"{report['rank_differences_unexplained'] == 0}); paths agree: {report['paths_agree']}")
     return "\n".join(lines)
 
 

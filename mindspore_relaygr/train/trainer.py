@@ -15,7 +15,8 @@ training stops after `train.patience` validations without improvement.
 Each epoch ends with `last.ckpt` (weights + optimizer state) and `train_state.json`, from which
 `resume=True` continues.
 
-Output directory: `config.yaml` (resolved), `best.ckpt`, `last.ckpt`, `train_state.json`, `train_metrics.json`.
+Output directory: `config.yaml` (resolved), `best.ckpt`, `last.ckpt`, `train_state.json`, `train_metrics.json`,
+`train_curve.png` (loss and validation metrics per epoch).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ LAST_NAME = "last.ckpt"
 STATE_NAME = "train_state.json"
 CONFIG_NAME = "config.yaml"
 METRICS_NAME = "train_metrics.json"
+PLOT_NAME = "train_curve.png"
 ACCIDENTAL_HIT = -5.0e4
 SINGLE_PROCESS = Shard()
 
@@ -305,6 +307,9 @@ class Trainer:
                      "valid_users": len(self.valid_cases), "max_history_len": data.max_history_len},
         }
         (result.output_dir / METRICS_NAME).write_text(json.dumps(report, indent=2) + "\n")
+        from mindspore_relaygr.train.plots import plot_training
+
+        plot_training(report, result.output_dir / PLOT_NAME)
 
 
 def train(config: RelayGRConfig, data: PreparedData | None = None, progress: Progress | None = None,

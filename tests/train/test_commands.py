@@ -46,7 +46,7 @@ def test_train_eval_export_commands(synthetic_data_path, tmp_path, capsys):
     assert _run(["eval", "--checkpoint", checkpoint, "--baselines", "popularity", "--max-users", "10",
                  "--suffix-len", "2"]) == 0
     report = json.loads((out / "eval_test.json").read_text())
-    assert report["users"] == 10 and report["identical_metrics"]
+    assert report["users"] == 10 and report["paths_agree"]
     assert list(report["rows"]) == ["ours (full path)", "ours (relay path, suffix 2)", "popularity"]
     assert _run(["export", "--checkpoint", checkpoint]) == 0
     printed = capsys.readouterr().out

@@ -82,7 +82,7 @@ def test_tiny_training_learns_and_writes_outputs(trained_run, synthetic_config):
     assert len(losses) == synthetic_config.train.epochs
     assert losses[-3:].mean() < 0.7 * losses[:3].mean(), losses
     out = trained_run.output_dir
-    for name in ("best.ckpt", "last.ckpt", "train_state.json", "train_metrics.json"):
+    for name in ("best.ckpt", "last.ckpt", "train_state.json", "train_metrics.json", "train_curve.png"):
         assert (out / name).is_file()
     assert load_config(out / "config.yaml") == synthetic_config
     report = json.loads((out / "train_metrics.json").read_text())

@@ -1,0 +1,29 @@
+"""Training curve plot: loss per epoch and validation HR@10 / NDCG@10 (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plot_training(report: dict[str, Any], path: str | Path) -> None:
+    """Two panels from a `train_metrics.json` report: training loss per epoch, validation metrics per epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    losses = report["epoch_losses"]
+    ax.plot(range(1, len(losses) + 1), losses, "o-", markersize=3)
+    ax.set(xlabel="epoch", ylabel="training loss", title="training loss")
+    evals = report["evals"]
+    epochs = [e["epoch"] for e in evals]
+    for key, style in (("valid_hr@10", "o-"), ("valid_ndcg@10", "s-")):
+        bx.plot(epochs, [e[key] for e in evals], style, markersize=3, label=key.removeprefix("valid_"))
+    users = evals[0]["valid_users"] if evals else 0
+    bx.set(xlabel="epoch", ylabel="metric", title=f"validation, all items ranked ({users} users)")
+    bx.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
