@@ -7,16 +7,14 @@ from mindspore_relaygr.data.sequences import (
     PopularityModel,
     Split,
     Target,
-    TrainExample,
     actions_from_ratings,
     build_eval_set,
     build_sequences,
     cap_history,
-    iter_training_examples,
     leave_one_out,
     sample_negatives,
 )
 
-__all__ = ["NUM_ACTIONS", "EvalExample", "Interactions", "PopularityModel", "Split", "Target", "TrainExample",
+__all__ = ["NUM_ACTIONS", "EvalExample", "Interactions", "PopularityModel", "Split", "Target",
            "actions_from_ratings", "build_eval_set", "build_sequences", "bundled_ml100k_path", "cap_history",
-           "iter_training_examples", "leave_one_out", "load_movielens", "sample_negatives"]
+           "leave_one_out", "load_movielens", "sample_negatives"]

@@ -8,7 +8,7 @@ action id >= HIGH_RATING_ACTION. Sequences are `History` objects (oldest event f
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -151,35 +151,6 @@ def build_eval_set(split: Split, which: str, num_items: int, rng: np.random.Gene
         hist = t.history if max_len is None else cap_history(t.history, max_len)
         examples.append(EvalExample(uid, hist, t.item_id, negs))
     return examples
-
-
-@dataclass(frozen=True)
-class TrainExample:
-    """A next-item example: history prefix, the next item (positive) and sampled negatives."""
-
-    user_id: int
-    history: History  # events before the positive
-    positive_id: int
-    positive_action_id: int
-    negative_ids: np.ndarray  # int32 [k], never in the user's training sequence
-    high_rating: int  # second task's label for the positive: rating >= 4 (negatives are 0 on both tasks)
-
-
-def iter_training_examples(train: Mapping[int, History], num_items: int, rng: np.random.Generator,
-                           num_negatives: int, max_len: int | None = None, min_history: int = 1,
-                           examples_per_user: int = 1) -> Iterator[TrainExample]:
-    """One epoch: users in random order, each cut at a random point t in [min_history, n) of its training
-    sequence; history = events before t (capped to the most recent max_len), positive = event t."""
-    for uid in rng.permutation(sorted(train)).tolist():
-        seq = train[uid]
-        if len(seq) <= min_history:
-            continue
-        for t in rng.integers(min_history, len(seq), size=examples_per_user).tolist():
-            hist = seq.slice(0, t) if max_len is None else cap_history(seq.slice(0, t), max_len)
-            action = int(seq.action_ids[t])
-            yield TrainExample(uid, hist, int(seq.item_ids[t]), action,
-                               sample_negatives(rng, num_items, seq.item_ids, num_negatives),
-                               int(action >= HIGH_RATING_ACTION))
 
 
 class PopularityModel:

@@ -48,14 +48,14 @@ class BatchShape:
         return self.num_cuts * self.group_size
 
 
-def window(seq: History, max_len: int) -> History:
-    """The most recent `max_len` events of a training sequence."""
-    return seq.slice(max(0, len(seq) - max_len))
-
-
 def history_bucket(cfg: ModelConfig, num_events: int) -> int:
     """Token bucket of a window of `num_events` events (user token included)."""
     return bucket_for(num_events + (1 if cfg.has_user_token else 0), cfg.len_buckets, "history")
+
+
+def history_index(rab: RabIndex, pos: np.ndarray, times: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Bias indices [n, n] of the history tokens over each other: causal, valid keys only."""
+    return rab(pos, times, pos, times, valid[None, :] & (pos[None, :] <= pos[:, None]))
 
 
 def empty_row(cfg: ModelConfig, bucket: int, shape: BatchShape) -> dict[str, np.ndarray]:
@@ -78,7 +78,6 @@ def build_row(cfg: ModelConfig, events: History, bucket: int, shape: BatchShape,
     items, actions, feats, user_row, pos, hi, lo, valid = prefix_inputs(cfg, events, bucket)
     n_tok = int(valid.sum())
     times = np.stack([hi, lo], axis=-1)
-    causal = valid[None, :] & (pos[None, :] <= pos[:, None])
     next_ids = np.zeros(bucket, np.int32)
     next_ids[: n_tok - 1] = items[1:n_tok]  # token i predicts token i + 1 (the user token predicts event 0)
     cand = _candidate_groups(cfg, events, shape, num_items, rng)
@@ -91,7 +90,7 @@ def build_row(cfg: ModelConfig, events: History, bucket: int, shape: BatchShape,
         "user_feats": feats,
         "user_row": np.concatenate([user_row, np.zeros(shape.num_candidates, np.float32)]),
         "valid": np.concatenate([valid, np.repeat(cand["group_valid"] > 0, shape.group_size)]),
-        "hist_idx": rab(pos, times, pos, times, causal),
+        "hist_idx": history_index(rab, pos, times, valid),
         "cand_idx": rows,
         "next_ids": np.concatenate([next_ids, np.zeros(shape.num_candidates, np.int32)]),
         "neg_ids": rng.integers(1, num_items + 1, shape.num_negatives).astype(np.int32),
@@ -186,6 +185,6 @@ def ranking_row(cfg: ModelConfig, history: History, bucket: int, candidate_ids: 
         "user_feats": feats,
         "user_row": np.concatenate([user_row, np.zeros(c, np.float32)]),
         "valid": np.concatenate([valid, np.ones(c, bool)]),
-        "hist_idx": rab(pos, times, pos, times, valid[None, :] & (pos[None, :] <= pos[:, None])),
+        "hist_idx": history_index(rab, pos, times, valid),
         "cand_idx": rab(query_pos, split_timestamps(last), pos, times, valid[None, :]),
     }

@@ -71,18 +71,6 @@ def relay_path_logits(model: Any, history: History, chunks: Sequence[np.ndarray]
     return out
 
 
-def rank_cases(score: Callable[[History], np.ndarray], cases: Sequence[RankingCase],
-               progress: Progress | None = None, every: int = 500) -> np.ndarray:
-    """1-based ranks of every case's target under `score(history) -> [num_items + 1]`."""
-    ranks = np.zeros(len(cases), np.int64)
-    for i, case in enumerate(cases):
-        scores = score(case.history)[None, :]
-        ranks[i] = full_ranking_ranks(scores, np.array([case.target_id]), [case.history.item_ids])[0]
-        if progress and (i + 1) % every == 0:
-            progress(f"ranked {i + 1}/{len(cases)} users")
-    return ranks
-
-
 class BatchedScorer:
     """Engage logits of every item for many histories at once through the batched training forward
     (dropout off): `batch_size` users per graph call, grouped by length bucket. The same math as

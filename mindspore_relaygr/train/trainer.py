@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from mindspore_relaygr.config import RelayGRConfig, save_config
+from mindspore_relaygr.data.sequences import cap_history
 from mindspore_relaygr.errors import ConfigError
-from mindspore_relaygr.train.batches import FORWARD_FIELDS, TARGET_FIELDS, BatchShape, Shard, iter_batches, window
+from mindspore_relaygr.train.batches import FORWARD_FIELDS, TARGET_FIELDS, BatchShape, Shard, iter_batches
 from mindspore_relaygr.train.dataset import PreparedData, prepare_data
 from mindspore_relaygr.train.full_ranking import BatchedScorer, metrics_of, ranking_cases
 
@@ -163,7 +164,7 @@ class Trainer:
         self.step_cell = nn.TrainOneStepCell(_loss_cell(self.model.net, config, self.shape), self.optimizer)
         self.step_cell.set_train(True)
         self.rng = np.random.default_rng(self.tc.seed)
-        self.windows = {u: window(s, self.data.max_history_len) for u, s in self.data.split.train.items()}
+        self.windows = {u: cap_history(s, self.data.max_history_len) for u, s in self.data.split.train.items()}
         self.valid_cases = ranking_cases(self.data.split.valid, self.data.max_history_len, self.tc.max_eval_users)
         self.scorer = BatchedScorer(self.model.net, config.model, self.data.num_items)
 

@@ -14,7 +14,6 @@ from mindspore_relaygr.data.sequences import (
     build_eval_set,
     build_sequences,
     cap_history,
-    iter_training_examples,
     leave_one_out,
     sample_negatives,
 )
@@ -148,35 +147,6 @@ def test_eval_set(sequences: dict[int, History]) -> None:
     assert valid[0].target_id == 10 and 40 not in valid[0].negative_ids  # the future test item is excluded too
     with pytest.raises(ValueError, match="which must be"):
         build_eval_set(split, "train", 60, np.random.default_rng(0))
-
-
-def test_training_examples(sequences: dict[int, History]) -> None:
-    split = leave_one_out(sequences)
-    long_train = {1: sequences[1], 3: sequences[3]}  # use full sequences to get several cut points
-
-    def run(seed: int) -> list:
-        return list(iter_training_examples(long_train, num_items=60, rng=np.random.default_rng(seed),
-                                           num_negatives=5, max_len=3, examples_per_user=20))
-
-    examples = run(0)
-    assert len(examples) == 40
-    for ex in examples:
-        seq = long_train[ex.user_id]
-        t = int(np.flatnonzero(seq.item_ids == ex.positive_id)[0])  # items are unique per user here
-        assert t >= 1
-        np.testing.assert_array_equal(ex.history.item_ids, seq.item_ids[max(0, t - 3):t])
-        assert ex.history.timestamps.max() <= seq.timestamps[t]
-        assert ex.positive_action_id == seq.action_ids[t]
-        assert ex.high_rating == int(seq.action_ids[t] + 1 >= 4)
-        assert not set(ex.negative_ids.tolist()) & set(seq.item_ids.tolist())
-    assert {ex.high_rating for ex in examples} == {0, 1}
-    again = run(0)
-    assert all(a.positive_id == b.positive_id and np.array_equal(a.negative_ids, b.negative_ids)
-               for a, b in zip(examples, again, strict=True))
-    assert [(a.user_id, a.positive_id) for a in examples] != [(b.user_id, b.positive_id) for b in run(1)]
-    # From the split, the positives never include a user's validation or test target position.
-    for ex in iter_training_examples(split.train, 60, np.random.default_rng(0), 5, examples_per_user=10):
-        assert ex.positive_id in split.train[ex.user_id].item_ids[1:]
 
 
 def test_popularity_model() -> None:

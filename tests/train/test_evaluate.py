@@ -90,13 +90,14 @@ def test_full_and_relay_paths_score_every_item_alike(trained_run, synthetic_conf
 @pytest.mark.slow
 def test_batched_scorer_ranks_as_rank_full(trained_run, synthetic_config):
     from mindspore_relaygr.train.dataset import prepare_data
-    from mindspore_relaygr.train.full_ranking import BatchedScorer, full_path_logits, rank_cases, ranking_cases
+    from mindspore_relaygr.train.evaluate import score_all_items
+    from mindspore_relaygr.train.full_ranking import BatchedScorer, batch_ranks, full_path_logits, ranking_cases
 
     model = _trained_model(trained_run, synthetic_config)
     data = prepare_data(synthetic_config)
     cases = ranking_cases(data.split.valid, data.max_history_len)
     chunks = item_chunks(60, synthetic_config.model.max_candidates)
-    want = rank_cases(lambda h: full_path_logits(model, h, chunks), cases)
+    want = batch_ranks(score_all_items(lambda h: full_path_logits(model, h, chunks), cases), cases)
     got = BatchedScorer(model.net, synthetic_config.model, 60, batch_size=7).ranks(cases)
     np.testing.assert_array_equal(got, want)
 

@@ -10,9 +10,10 @@ import pytest
 from mindspore_relaygr import load_config
 from mindspore_relaygr.config import ConfigError
 from mindspore_relaygr.data.movielens import load_movielens
+from mindspore_relaygr.data.sequences import cap_history
 from mindspore_relaygr.model.batch_index import RabIndex
 from mindspore_relaygr.model.inputs import History
-from mindspore_relaygr.train.batches import BatchShape, build_row, iter_batches, window
+from mindspore_relaygr.train.batches import BatchShape, build_row, iter_batches
 from mindspore_relaygr.train.dataset import check_compatible, prepare_data
 from tests.conftest import CONFIGS
 
@@ -27,7 +28,7 @@ SHAPE = BatchShape(batch_size=4, num_negatives=6, num_cuts=3, num_candidate_nega
 
 def test_an_epoch_visits_every_trainable_user_once_in_full_batches():
     cfg = load_config(CONFIGS / "tiny.yaml", ["model.user_feature_sizes=[]"]).model
-    windows = {u: window(_seq(n), 127) for u, n in enumerate([1, 2, 5, 40, 63, 64, 90, 127, 200, 3], 1)}
+    windows = {u: cap_history(_seq(n), 127) for u, n in enumerate([1, 2, 5, 40, 63, 64, 90, 127, 200, 3], 1)}
     batches = list(iter_batches(windows, cfg, SHAPE, 100, np.random.default_rng(0)))
     seen = sorted(int(b["user_row"].shape[0]) for _, _, b in batches)
     assert seen == [SHAPE.batch_size] * len(batches)  # every batch has the same number of rows
