@@ -9,8 +9,8 @@ temperature 0.05; the output side uses the input item table (tied). Batches of `
 users, Adam (betas 0.9 / 0.98, no weight decay). Scoring: the cosine of the last position's hidden state with
 every item embedding. One graph shape for training and one for scoring.
 
-Dropout masks come from random bytes drawn on the host (`SASRecTrainer.dropout_noise`), so a seed fixes a
-run: MindSpore's CPU Dropout kernel is not reproducible (see `dropout_noise`).
+Dropout masks come from random bytes drawn on the host (`model.host_dropout`, `SASRecTrainer.dropout_noise`),
+so a seed fixes a run.
 """
 
 from __future__ import annotations
@@ -62,29 +62,21 @@ def as_target(case: Any) -> NextItemTarget:
     return NextItemTarget(case.history, int(target))
 
 
-def dropout_threshold(p: float) -> tuple[int, float]:
-    """(threshold, scale) of dropout from random bytes: keep iff byte >= threshold, i.e. with probability
-    1 - threshold / 256 (the rate is p rounded to 1/256), and scale the kept values by 256 / (256 - threshold)."""
-    threshold = min(255, round(p * 256))
-    return threshold, 256.0 / (256 - threshold)
-
-
 def _build_cells(num_items: int, tc: TrainConfig, temperature: float) -> tuple[Any, Any, Any]:
     """(SASRec net, training loss cell, full-scoring cell); MindSpore is imported here, not at module import."""
     from mindspore import Parameter, Tensor, nn, ops
     from mindspore import dtype as mstype
     from mindspore.common.initializer import Normal, XavierUniform, initializer
 
+    from mindspore_relaygr.model.host_dropout import apply_dropout, dropout_threshold
     from mindspore_relaygr.train.losses import l2_normalize, sampled_softmax_loss
 
     d, num_heads, length = tc.sasrec_d_model, tc.sasrec_num_heads, tc.sasrec_max_len
     causal = np.triu(np.full((length, length), MASKED, np.float32), k=1)  # key j > query i is hidden
     threshold, scale = dropout_threshold(tc.sasrec_dropout)
 
-    def drop(x, noise):  # inverted dropout: keep where the host's random byte >= threshold; noise None: identity
-        if noise is None:
-            return x
-        return x * ops.cast(noise >= threshold, mstype.float32) * scale
+    def drop(x, noise):  # see model.host_dropout; noise None: identity
+        return apply_dropout(x, noise, threshold, scale)
 
     class Block(nn.Cell):
         def __init__(self) -> None:
@@ -192,13 +184,15 @@ class SASRecTrainer:
         feed-forward layers [batch, L, d]; () without dropout. Drawn on the host from a seeded generator
         (MindSpore's CPU Dropout kernel fills its mask from several threads sharing one generator, so seeded
         runs with it differ after a few steps, and one nn.Dropout applied at several sites repeats its mask)."""
+        from mindspore_relaygr.model.host_dropout import dropout_noise, dropout_threshold
+
         tc = self.tc
         if dropout_threshold(tc.sasrec_dropout)[0] == 0:
             return ()
         hidden = (tc.sasrec_batch_size, tc.sasrec_max_len, tc.sasrec_d_model)
         attn = (tc.sasrec_batch_size, tc.sasrec_num_heads, tc.sasrec_max_len, tc.sasrec_max_len)
         shapes = [hidden] + [attn, hidden, hidden, hidden] * tc.sasrec_num_layers
-        return tuple(np.frombuffer(self.dropout_rng.bytes(math.prod(s)), np.uint8).reshape(s) for s in shapes)
+        return dropout_noise(self.dropout_rng, shapes)
 
     def fit(self, train: Mapping[int, History], valid: Iterable[Any] | None = None, eval_every: int = 1,
             progress: Callable[[str], None] | None = None) -> SASRecTrainer:

@@ -70,8 +70,8 @@ def _loss_cell(net: Any, config: RelayGRConfig, shape: BatchShape) -> Any:
             self.net = net
 
         def construct(self, item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx, next_ids,
-                      neg_ids, group_valid, high_rating):
-            hidden = self.forward(item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx)
+                      neg_ids, group_valid, high_rating, *noise):
+            hidden = self.forward(item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx, *noise)
             b, t, d = hidden.shape
             n = t - groups * group_size  # history tokens; the candidate groups follow
             table = self.net.item_table
@@ -161,7 +161,8 @@ class Trainer:
         self.progress = progress or (lambda msg: logger.info("%s", msg))
         self.optimizer = nn.Adam(self._param_groups(), learning_rate=self.tc.lr, beta1=0.9, beta2=self.tc.beta2,
                                  weight_decay=self.tc.weight_decay)
-        self.step_cell = nn.TrainOneStepCell(_loss_cell(self.model.net, config, self.shape), self.optimizer)
+        self.loss_cell = _loss_cell(self.model.net, config, self.shape)
+        self.step_cell = nn.TrainOneStepCell(self.loss_cell, self.optimizer)
         self.step_cell.set_train(True)
         self.rng = np.random.default_rng(self.tc.seed)
         self.windows = {u: cap_history(s, self.data.max_history_len) for u, s in self.data.split.train.items()}
@@ -184,11 +185,16 @@ class Trainer:
         scale = float(np.sqrt(self.config.model.d_model))
         return [{"params": tables, "lr": self.tc.lr * scale}, {"params": rest}]
 
-    def train_step(self, batch: dict[str, np.ndarray]) -> float:
-        """One optimizer step on one batch; returns its loss (before the update)."""
+    def train_step(self, batch: dict[str, np.ndarray], noise_rng: np.random.Generator) -> float:
+        """One optimizer step on one batch, dropout masks drawn from `noise_rng`; returns the loss (before the
+        update)."""
         from mindspore import Tensor
 
-        loss = self.step_cell(*(Tensor(batch[k]) for k in (*FORWARD_FIELDS, *TARGET_FIELDS)))
+        from mindspore_relaygr.model.host_dropout import dropout_noise
+
+        noise = dropout_noise(noise_rng, self.loss_cell.forward.noise_shapes(*batch["item_ids"].shape))
+        loss = self.step_cell(*(Tensor(batch[k]) for k in (*FORWARD_FIELDS, *TARGET_FIELDS)),
+                              *(Tensor(a) for a in noise))
         return float(loss.asnumpy())
 
     def validate(self) -> dict[str, float]:
@@ -231,7 +237,9 @@ class Trainer:
                                  (self.tc.seed, epoch), self.shard))
         losses, tokens, tick = [], 0, time.perf_counter()
         for i, (_, _, batch) in enumerate(plan, 1):
-            losses.append(self.train_step(batch))
+            # Dropout masks seeded per step (not a running generator): a resumed run draws the same ones.
+            noise_rng = np.random.default_rng([self.tc.seed, epoch, i, self.shard.rank, 3])
+            losses.append(self.train_step(batch, noise_rng))
             result.step_losses.append(losses[-1])
             tokens += int(batch["valid"].sum())
             result.steps += 1

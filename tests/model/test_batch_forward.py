@@ -38,6 +38,7 @@ def test_candidate_groups_match_rank_full(tiny_model):
     from mindspore import Tensor
 
     from mindspore_relaygr.model.batch_forward import BatchForward
+    from mindspore_relaygr.model.host_dropout import dropout_noise
     from mindspore_relaygr.train.batches import FORWARD_FIELDS
 
     cfg, model = tiny_model
@@ -52,10 +53,16 @@ def test_candidate_groups_match_rank_full(tiny_model):
     assert (batch["user_feats"][0] == feats + user_offsets(cfg.model)).all()
 
     forward = BatchForward(model.net, cfg.model.dropout)
-    forward.set_train(False)  # dropout off: validation and serving see the same scores
-    hidden = forward(*(Tensor(batch[k]) for k in FORWARD_FIELDS))
-    hidden2 = forward(*(Tensor(batch[k]) for k in FORWARD_FIELDS)).asnumpy()
-    np.testing.assert_array_equal(hidden.asnumpy(), hidden2)
+    inputs = [Tensor(batch[k]) for k in FORWARD_FIELDS]
+    hidden = forward(*inputs)  # no noise: no dropout, as validation and serving score
+    np.testing.assert_array_equal(hidden.asnumpy(), forward(*inputs).asnumpy())
+    # With noise (training): the same masks give the same states, other masks other states.
+    shapes = forward.noise_shapes(*batch["item_ids"].shape)
+    assert shapes == [(3, batch["item_ids"].shape[1], cfg.model.d_model)] * (1 + cfg.model.num_layers)
+    noisy = [forward(*inputs, *(Tensor(a) for a in dropout_noise(np.random.default_rng(s), shapes))).asnumpy()
+             for s in (5, 5, 6)]
+    np.testing.assert_array_equal(noisy[0], noisy[1])
+    assert np.abs(noisy[0] - noisy[2]).max() > 1e-3 and np.abs(noisy[0] - hidden.asnumpy()).max() > 1e-3
     from mindspore import ops
 
     s = shape.group_size

@@ -9,7 +9,7 @@ import pytest
 from mindspore_relaygr.config import load_config
 from mindspore_relaygr.data.sequences import EvalExample, Target
 from mindspore_relaygr.model.inputs import History
-from mindspore_relaygr.train.baselines import NextItemTarget, SASRecTrainer, as_target, dropout_threshold
+from mindspore_relaygr.train.baselines import NextItemTarget, SASRecTrainer, as_target
 from mindspore_relaygr.train.metrics import full_ranking_ranks
 
 NUM_ITEMS, NUM_USERS, EPOCHS = 40, 48, 10
@@ -139,8 +139,6 @@ def test_dropout_noise(setup) -> None:
     from mindspore import Tensor
 
     trainer, tc = setup["trainer"], setup["tc"]
-    assert dropout_threshold(0.1) == (26, 256 / 230) and dropout_threshold(0.0) == (0, 1.0)
-    assert dropout_threshold(0.5) == (128, 2.0)
     noise = trainer.dropout_noise()
     b, n, d, h = tc.sasrec_batch_size, tc.sasrec_max_len, tc.sasrec_d_model, tc.sasrec_num_heads
     assert [a.shape for a in noise] == [(b, n, d)] + [(b, h, n, n), (b, n, d), (b, n, d), (b, n, d)] * 2

@@ -103,16 +103,18 @@ def _cfg(synthetic_config, out, *extra: str):
 def test_seeded_runs_repeat_and_resume_continues(synthetic_config, tmp_path):
     from mindspore_relaygr.train.trainer import train
 
-    few = ["train.epochs=2", "train.eval_every=2", "model.dropout=0.2"]
-    first = train(_cfg(synthetic_config, tmp_path / "a", *few)).epoch_losses
-    assert train(_cfg(synthetic_config, tmp_path / "b", *few)).epoch_losses == first
-    # Stopped after epoch 1 and resumed: the same two epochs (dropout off: its generator is not checkpointed).
-    no_drop = ["train.epochs=2", "train.eval_every=1", "model.dropout=0.0"]
-    whole = train(_cfg(synthetic_config, tmp_path / "c", *no_drop)).epoch_losses
-    train(_cfg(synthetic_config, tmp_path / "d", *no_drop[1:], "train.epochs=1"))
-    resumed = train(_cfg(synthetic_config, tmp_path / "d", *no_drop), resume=True)
-    assert resumed.epoch_losses == whole
+    # Dropout on: its masks are drawn on the host, seeded per step (model.host_dropout).
+    two = ["train.epochs=2", "train.eval_every=1", "model.dropout=0.2"]
+    whole = train(_cfg(synthetic_config, tmp_path / "a", *two))
+    assert train(_cfg(synthetic_config, tmp_path / "b", *two)).step_losses == whole.step_losses
+    # Stopped after epoch 1 and resumed: the same two epochs.
+    train(_cfg(synthetic_config, tmp_path / "c", *two[1:], "train.epochs=1"))
+    resumed = train(_cfg(synthetic_config, tmp_path / "c", *two), resume=True)
+    assert resumed.epoch_losses == whole.epoch_losses
     assert [e["epoch"] for e in resumed.evals] == [1, 2]
+    # Another seed draws other masks (and order): the run differs.
+    other = train(_cfg(synthetic_config, tmp_path / "d", *two, "train.seed=9"))
+    assert other.step_losses != whole.step_losses
 
 
 @pytest.mark.slow
