@@ -34,7 +34,7 @@ class BatchForward(nn.Cell):
         self.net = net
         self.threshold, self.scale = dropout_threshold(dropout)
         # Dropout sites: the input embeddings [.., d], then each layer's gated attention output [.., h * d_v].
-        self.site_widths = [int(net.item_table.shape[1])] + [l.num_heads * l.parts["u"][1] for l in net.layers]
+        self.site_widths = [int(net.item_table.shape[1])] + [x.num_heads * x.parts["u"][1] for x in net.layers]
         rab = net.rab
         self.num_heads = rab.num_heads
         # Flat index of (head g, bucket b) in the masked [h, buckets + 1] table.
