@@ -293,7 +293,8 @@ class TrainConfig:
     lr: float = 1e-3
     beta2: float = 0.98  # AdamW second-moment decay (the HSTU reference)
     weight_decay: float = 0.0
-    num_negatives: int = 128  # uniform negatives per sequence for the every-position sampled softmax
+    num_negatives: int = 128  # uniform negatives of each position in the every-position sampled softmax
+    negative_pool: int = 512  # uniform items per sequence that its positions' negatives are picked from
     num_cuts: int = 2  # candidate groups per sequence, each cut at a random event (M-FALCON)
     num_candidate_negatives: int = 31  # negatives per candidate group
     candidate_loss_weight: float = 1.0  # weight of the candidate-group softmax vs the every-position loss
@@ -332,6 +333,8 @@ class TrainConfig:
                  f"must be a multiple of train.sasrec_num_heads={self.sasrec_num_heads}")
         _require(0.0 <= self.sasrec_dropout < 1.0, "train.sasrec_dropout", self.sasrec_dropout, "must be in [0, 1)")
         _require(self.init in TRAIN_INITS, "train.init", self.init, f"must be one of {TRAIN_INITS}")
+        _require(self.negative_pool >= self.num_negatives, "train.negative_pool", self.negative_pool,
+                 f"must be >= train.num_negatives={self.num_negatives}")
 
 
 @dataclass

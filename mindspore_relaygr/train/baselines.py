@@ -122,10 +122,11 @@ def _build_cells(num_items: int, tc: TrainConfig, temperature: float) -> tuple[A
             super().__init__()
             self.net = net
 
-        def construct(self, seq, pos, neg, *noise):  # seq, pos [B, L] (pos == 0: no target); neg [B, K]
+        def construct(self, seq, pos, neg, pick, *noise):
+            # seq, pos [B, L] (pos == 0: no target); neg [B, P] pool; pick [B, L, K] (see sampled_softmax_loss)
             h = self.net(seq, *noise)
             return sampled_softmax_loss(h, ops.gather(self.net.items, pos, 0), ops.gather(self.net.items, neg, 0),
-                                        pos, neg, temperature)
+                                        pos, neg, temperature, pick)
 
     class ScoreAll(nn.Cell):
         def __init__(self, net: nn.Cell) -> None:
@@ -167,16 +168,18 @@ class SASRecTrainer:
         self.evals: list[dict[str, float]] = []  # per validation: epoch, loss, hr@k / ndcg@k / mrr, seconds
         self.best: dict[str, float] | None = None  # the entry of `evals` whose parameters were kept
 
-    def _batch(self, seqs: Sequence[History]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(input [batch, L], targets [batch, L], negatives [batch, K]) int32; rows past len(seqs) are padding."""
+    def _batch(self, seqs: Sequence[History]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(input [batch, L], targets [batch, L], negative pool [batch, P], each position's picks from the pool
+        [batch, L, K]) int32, as the HSTU trainer samples them; rows past len(seqs) are padding."""
         length, size = self.tc.sasrec_max_len, self.tc.sasrec_batch_size
         seq, pos = np.zeros((size, length), np.int32), np.zeros((size, length), np.int32)
         for row, history in enumerate(seqs):
             items = history.item_ids  # the last L + 1 events: inputs all but the last, targets all but the first
             seq[row] = left_pad(items[:-1], length)
             pos[row] = left_pad(items[1:], length)
-        neg = self.rng.integers(1, self.num_items + 1, size=(size, self.tc.num_negatives)).astype(np.int32)
-        return seq, pos, neg
+        neg = self.rng.integers(1, self.num_items + 1, size=(size, self.tc.negative_pool)).astype(np.int32)
+        pick = self.rng.integers(0, self.tc.negative_pool, size=(size, length, self.tc.num_negatives)).astype(np.int32)
+        return seq, pos, neg, pick
 
     def dropout_noise(self) -> tuple[np.ndarray, ...]:
         """One step's dropout noise, uniform random uint8 per dropout site: the embedding [batch, L, d], then per
@@ -215,9 +218,9 @@ class SASRecTrainer:
             order = self.rng.permutation(len(users))
             t0, tokens, batch_losses = time.perf_counter(), 0, []
             for start in range(0, len(users), size):
-                seq, pos, neg = self._batch([train[users[i]] for i in order[start:start + size]])
+                seq, pos, neg, pick = self._batch([train[users[i]] for i in order[start:start + size]])
                 tokens += int((pos > 0).sum())
-                inputs = (seq, pos, neg, *self.dropout_noise())
+                inputs = (seq, pos, neg, pick, *self.dropout_noise())
                 batch_losses.append(float(self.step_cell(*(Tensor(a) for a in inputs)).asnumpy()))
             seconds = time.perf_counter() - t0
             self.losses.append(float(np.mean(batch_losses)) if batch_losses else float("nan"))

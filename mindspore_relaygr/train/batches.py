@@ -3,8 +3,9 @@
 A row is one user's training window (the most recent events of their training sequence) laid out as the
 serving graphs lay out a history (`train.feeds.prefix_inputs`), followed by `num_cuts` candidate groups
 (M-FALCON). Two kinds of supervision:
-- every history token predicts the item of the next token (`next_ids`, 0 = no target), scored against
-  `num_negatives` items sampled uniformly for the row (sampled softmax, as the HSTU reference);
+- every history token predicts the item of the next token (`next_ids`, 0 = no target), scored against its
+  own `num_negatives` uniform items (sampled softmax, as the HSTU reference), drawn from a pool of
+  `negative_pool` uniform items of the row (`neg_ids`; `neg_pick` says which of them each token uses);
 - each candidate group is cut after a random event t - 1 of the window: its first candidate is event t's
   item (the positive), the others are `num_candidate_negatives` uniform items; the group is trained with a
   softmax over its candidates, and event t's "high rating" label trains the second task.
@@ -27,7 +28,7 @@ from mindspore_relaygr.train.feeds import prefix_inputs
 
 # Names of the arrays of a batch, in the order the loss cell takes them.
 FORWARD_FIELDS = ("item_ids", "action_ids", "pos", "user_feats", "user_row", "valid", "hist_idx", "cand_idx")
-TARGET_FIELDS = ("next_ids", "neg_ids", "group_valid", "high_rating")
+TARGET_FIELDS = ("next_ids", "neg_ids", "neg_pick", "group_valid", "high_rating")
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,18 @@ class BatchShape:
     """Static sizes of a training batch (besides the history bucket)."""
 
     batch_size: int
-    num_negatives: int  # sampled softmax negatives per row
+    num_negatives: int  # sampled softmax negatives per history token
     num_cuts: int  # candidate groups per row
     num_candidate_negatives: int  # negatives per candidate group
+    negative_pool: int = 0  # uniform items per row the tokens' negatives are picked from; 0: num_negatives
+
+    def __post_init__(self) -> None:
+        if self.negative_pool and self.negative_pool < self.num_negatives:
+            raise ValueError(f"negative pool {self.negative_pool} is smaller than {self.num_negatives} negatives")
+
+    @property
+    def pool_size(self) -> int:
+        return self.negative_pool or self.num_negatives
 
     @property
     def group_size(self) -> int:
@@ -68,7 +78,8 @@ def empty_row(cfg: ModelConfig, bucket: int, shape: BatchShape) -> dict[str, np.
             "user_row": np.zeros(t, np.float32), "valid": np.zeros(t, bool),
             "hist_idx": np.full((bucket, bucket), mask, np.int32),
             "cand_idx": np.full((shape.num_cuts, bucket), mask, np.int32),
-            "next_ids": zeros_i, "neg_ids": np.ones(shape.num_negatives, np.int32),
+            "next_ids": zeros_i, "neg_ids": np.ones(shape.pool_size, np.int32),
+            "neg_pick": np.zeros((bucket, shape.num_negatives), np.int32),
             "group_valid": np.zeros(shape.num_cuts, np.float32), "high_rating": np.zeros(shape.num_cuts, np.float32)}
 
 
@@ -93,7 +104,8 @@ def build_row(cfg: ModelConfig, events: History, bucket: int, shape: BatchShape,
         "hist_idx": history_index(rab, pos, times, valid),
         "cand_idx": rows,
         "next_ids": np.concatenate([next_ids, np.zeros(shape.num_candidates, np.int32)]),
-        "neg_ids": rng.integers(1, num_items + 1, shape.num_negatives).astype(np.int32),
+        "neg_ids": rng.integers(1, num_items + 1, shape.pool_size).astype(np.int32),
+        "neg_pick": rng.integers(0, shape.pool_size, (bucket, shape.num_negatives)).astype(np.int32),
         "group_valid": cand["group_valid"],
         "high_rating": cand["high_rating"],
         "cut_events": cand["pos"] - (1 if cfg.has_user_token else 0),  # history events before each group

@@ -2,8 +2,9 @@
 
 One step trains `train.batch_size` users' windows (the most recent `max_history_len` events of their training
 sequences, padded to a length bucket) in one graph (`model.batch_forward.BatchForward`, reference ops):
-- every history token predicts the next item: sampled softmax over the target and `train.num_negatives`
-  uniform items per row, cosine / `model.score_temperature`, accidental hits masked (the reference recipe);
+- every history token predicts the next item: sampled softmax over the target and its own
+  `train.num_negatives` uniform items (picked from `train.negative_pool` uniform items of the row), cosine /
+  `model.score_temperature`, accidental hits masked (the reference recipe);
 - `train.num_cuts` candidate groups per row (M-FALCON): each is cut at a random event and holds its item
   (positive) and `train.num_candidate_negatives` uniform items as candidate tokens; a softmax over the group
   (weight `train.candidate_loss_weight`) trains the engage score the serving graphs return, and BCE on the
@@ -70,14 +71,14 @@ def _loss_cell(net: Any, config: RelayGRConfig, shape: BatchShape) -> Any:
             self.net = net
 
         def construct(self, item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx, next_ids,
-                      neg_ids, group_valid, high_rating, *noise):
+                      neg_ids, neg_pick, group_valid, high_rating, *noise):
             hidden = self.forward(item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx, *noise)
             b, t, d = hidden.shape
             n = t - groups * group_size  # history tokens; the candidate groups follow
             table = self.net.item_table
             targets = take(next_ids, 0, n, 1)
             loss = sampled_softmax_loss(take(hidden, 0, n, 1), ops.gather(table, targets, 0),
-                                        ops.gather(table, neg_ids, 0), targets, neg_ids, temperature)
+                                        ops.gather(table, neg_ids, 0), targets, neg_ids, temperature, neg_pick)
             cand_hidden = ops.reshape(take(hidden, n, t, 1), (b, groups, group_size, d))
             cand_ids = ops.reshape(take(item_ids, n, t, 1), (b, groups, group_size))
             logits = self.net.engage_logits(cand_hidden, ops.gather(table, cand_ids, 0))  # [B, G, S]
@@ -152,7 +153,7 @@ class Trainer:
         self.is_chief = shard.rank == 0  # the worker that writes files
         self.data = data if data is not None else prepare_data(config)
         self.shape = BatchShape(self.tc.batch_size, self.tc.num_negatives, self.tc.num_cuts,
-                                self.tc.num_candidate_negatives)
+                                self.tc.num_candidate_negatives, self.tc.negative_pool)
         if self.tc.num_negatives > self.data.num_items:
             raise ConfigError(f"train.num_negatives={self.tc.num_negatives}: more than the {self.data.num_items} items")
         self.model = model if model is not None else RelayGRModel(config)

@@ -14,7 +14,7 @@ from mindspore_relaygr.train.metrics import full_ranking_ranks
 
 NUM_ITEMS, NUM_USERS, EPOCHS = 40, 48, 10
 OVERRIDES = ["train.sasrec_d_model=16", "train.sasrec_num_heads=1", "train.sasrec_num_layers=2",
-             "train.sasrec_max_len=8", "train.sasrec_batch_size=16", "train.num_negatives=8",
+             "train.sasrec_max_len=8", "train.sasrec_batch_size=16", "train.num_negatives=8", "train.negative_pool=16",
              "train.sasrec_dropout=0.1", f"train.sasrec_epochs={EPOCHS}", "train.sasrec_lr=0.01"]
 
 
@@ -95,12 +95,14 @@ def test_best_epoch_is_restored(setup) -> None:
 
 def test_training_batches(setup) -> None:
     trainer, tc = setup["trainer"], setup["tc"]
-    seq, pos, neg = trainer._batch([history(np.arange(1, 16)), history([4, 9])])
+    seq, pos, neg, pick = trainer._batch([history(np.arange(1, 16)), history([4, 9])])
     assert seq.shape == pos.shape == (tc.sasrec_batch_size, tc.sasrec_max_len)
     assert seq[0].tolist() == list(range(7, 15)) and pos[0].tolist() == list(range(8, 16))  # the last 9 events
     assert seq[1].tolist() == [0] * 7 + [4] and pos[1].tolist() == [0] * 7 + [9]
     assert not seq[2:].any() and not pos[2:].any()
-    assert neg.shape == (tc.sasrec_batch_size, tc.num_negatives) and neg.min() >= 1 and neg.max() <= NUM_ITEMS
+    assert neg.shape == (tc.sasrec_batch_size, tc.negative_pool) and neg.min() >= 1 and neg.max() <= NUM_ITEMS
+    assert pick.shape == (tc.sasrec_batch_size, tc.sasrec_max_len, tc.num_negatives)
+    assert pick.min() >= 0 and pick.max() < tc.negative_pool
 
 
 def test_seeded_runs_repeat_and_restore_a_chosen_epoch(setup) -> None:
@@ -146,9 +148,9 @@ def test_dropout_noise(setup) -> None:
     assert np.mean(np.concatenate([a.ravel() for a in noise]) >= 26) == pytest.approx(230 / 256, abs=0.01)
     # The noise is what turns dropout on: the same batch's loss changes with it (and not without it).
     loss_cell = trainer.step_cell.network
-    seq, pos, neg = (Tensor(a) for a in trainer._batch([c.history for c in setup["test"][:4]]))
-    plain = [float(loss_cell(seq, pos, neg).asnumpy()) for _ in range(2)]
-    noisy = float(loss_cell(seq, pos, neg, *(Tensor(a) for a in noise)).asnumpy())
+    batch = [Tensor(a) for a in trainer._batch([c.history for c in setup["test"][:4]])]
+    plain = [float(loss_cell(*batch).asnumpy()) for _ in range(2)]
+    noisy = float(loss_cell(*batch, *(Tensor(a) for a in noise)).asnumpy())
     assert plain[0] == plain[1] and noisy != plain[0]
     zero = SASRecTrainer(load_config(overrides=[*OVERRIDES, "train.sasrec_dropout=0"]).train, NUM_ITEMS)
     assert zero.dropout_noise() == ()

@@ -20,8 +20,8 @@ def context(tiny_config_path):
     configure_context(load_config(tiny_config_path).context)  # before any op: later models set it otherwise
 
 
-def numpy_loss(query, pos_emb, neg_emb, pos_ids, neg_ids, temperature):
-    """Position by position, in float64."""
+def numpy_loss(query, pos_emb, neg_emb, pos_ids, neg_ids, temperature, pick=None):
+    """Position by position, in float64; pick [B, N, K]: the pool entries each position uses (None: all)."""
     def norm(x):
         return x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6)
 
@@ -32,7 +32,8 @@ def numpy_loss(query, pos_emb, neg_emb, pos_ids, neg_ids, temperature):
             if pos_ids[b, i] <= 0:
                 continue
             pos = q[b, i] @ p[b, i] / temperature
-            negs = [q[b, i] @ n[b, k] / temperature for k in range(neg_emb.shape[1]) if neg_ids[b, k] != pos_ids[b, i]]
+            ks = range(neg_emb.shape[1]) if pick is None else pick[b, i]
+            negs = [q[b, i] @ n[b, k] / temperature for k in ks if neg_ids[b, k] != pos_ids[b, i]]
             logits = np.array([pos, *negs])
             losses.append(np.log(np.exp(logits - logits.max()).sum()) + logits.max() - pos)
     return float(np.mean(losses)) if losses else 0.0
@@ -58,6 +59,16 @@ def test_matches_numpy(temperature: float) -> None:
     args = random_inputs()
     got = float(sampled_softmax_loss(*(Tensor(a) for a in args), temperature).asnumpy())
     assert got == pytest.approx(numpy_loss(*args, temperature), rel=1e-5, abs=1e-5)
+
+
+def test_per_position_negatives_from_the_pool_match_numpy() -> None:
+    args = random_inputs(seed=5, k=9)
+    pick = np.random.default_rng(5).integers(0, 9, size=(3, 5, 4)).astype(np.int32)
+    pick[1, 2, :2] = 3  # position (1, 2) picks its accidental hit twice: both are dropped
+    got = float(sampled_softmax_loss(*(Tensor(a) for a in args), 0.05, Tensor(pick)).asnumpy())
+    want = numpy_loss(*args, 0.05, pick)
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-5)
+    assert want != pytest.approx(numpy_loss(*args, 0.05), rel=1e-3)  # the picks matter
 
 
 def test_matches_numpy_in_graph_mode() -> None:

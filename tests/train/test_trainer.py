@@ -23,7 +23,7 @@ def _seq(n: int) -> History:
                    np.arange(n, dtype=np.int64) * 100)
 
 
-SHAPE = BatchShape(batch_size=4, num_negatives=6, num_cuts=3, num_candidate_negatives=5)
+SHAPE = BatchShape(batch_size=4, num_negatives=6, num_cuts=3, num_candidate_negatives=5, negative_pool=10)
 
 
 def test_an_epoch_visits_every_trainable_user_once_in_full_batches():
@@ -37,10 +37,21 @@ def test_an_epoch_visits_every_trainable_user_once_in_full_batches():
         assert b["item_ids"].shape == (SHAPE.batch_size, bucket + SHAPE.num_candidates)
         assert b["hist_idx"].shape == (SHAPE.batch_size, bucket, bucket)
         assert b["cand_idx"].shape == (SHAPE.batch_size, SHAPE.num_cuts, bucket)
+        # Every history token has its own negatives: picks into the row's pool of uniform items.
+        assert b["neg_ids"].shape == (SHAPE.batch_size, 10) and b["neg_pick"].shape == (SHAPE.batch_size, bucket, 6)
+        assert b["neg_pick"].min() >= 0 and b["neg_pick"].max() < 10 and b["neg_ids"].min() >= 1
+        assert len({tuple(p) for p in b["neg_pick"][0]}) > bucket // 2
         assert (b["group_valid"][real:] == 0).all() and (b["next_ids"][real:] == 0).all()  # filler rows
         lengths = b["valid"][:real, :bucket].sum(axis=1)
         assert (lengths <= bucket).all() and (lengths > (bucket // 2 if bucket > 32 else 0)).all()
     assert len(windows[9]) == 127  # a long sequence keeps its most recent events
+
+
+def test_negative_pool_must_hold_the_negatives():
+    with pytest.raises(ValueError, match="pool 4 is smaller than 6"):
+        BatchShape(batch_size=4, num_negatives=6, num_cuts=1, num_candidate_negatives=1, negative_pool=4)
+    with pytest.raises(ConfigError, match="train.negative_pool=4: must be >= train.num_negatives=6"):
+        load_config(CONFIGS / "tiny.yaml", ["train.num_negatives=6", "train.negative_pool=4"])
 
 
 def test_candidate_groups_hold_the_event_after_their_cut():
