@@ -198,12 +198,14 @@ class SASRecTrainer:
         return dropout_noise(self.dropout_rng, shapes)
 
     def fit(self, train: Mapping[int, History], valid: Iterable[Any] | None = None, eval_every: int = 1,
-            progress: Callable[[str], None] | None = None) -> SASRecTrainer:
-        """`train.sasrec_epochs` epochs over the users with >= 2 training events, in shuffled batches.
+            progress: Callable[[str], None] | None = None, patience: int | None = None) -> SASRecTrainer:
+        """Up to `train.sasrec_epochs` epochs over the users with >= 2 training events, in shuffled batches.
 
         `valid`: cases with a history and the next item (see `as_target`). Every `eval_every` epochs (and
         after the last) they are ranked against all items (history excluded); the parameters of the epoch
-        with the best NDCG@10 are kept and restored at the end. Metrics per validation go to `self.evals`."""
+        with the best NDCG@10 are kept and restored at the end; with `patience`, training stops after that
+        many validations without a better NDCG@10 (as the HSTU trainer). Metrics per validation go to
+        `self.evals`."""
         from mindspore import Tensor
 
         if eval_every < 1:
@@ -236,6 +238,10 @@ class SASRecTrainer:
                     self.best, best_params = entry, self._parameters()
                     line += " (best)"
             say(line)
+            if patience is not None and self.best is not None and \
+                    sum(1 for e in self.evals if e["epoch"] > self.best["epoch"]) >= patience:
+                say(f"SASRec: early stop after epoch {epoch}: no better validation NDCG@10 in {patience} validations")
+                break
         if best_params is not None:
             self._load_parameters(best_params)
             say(f"SASRec: kept epoch {self.best['epoch']} (valid NDCG@10 {self.best['ndcg@10']:.4f})")

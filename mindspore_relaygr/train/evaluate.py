@@ -152,13 +152,14 @@ def path_agreement(full: np.ndarray, relay: np.ndarray, examples: Sequence[EvalE
 
 def _sasrec_scores(config: RelayGRConfig, data: PreparedData, examples: Sequence[EvalExample],
                    say: Progress) -> np.ndarray:
-    """SASRec trained on the training split, its epoch chosen on validation NDCG@10 (all items)."""
+    """SASRec trained on the training split, its epoch chosen on validation NDCG@10 (all items), stopped
+    early with `train.patience` as our ranker."""
     from mindspore_relaygr.train.baselines import SASRecTrainer
 
     sasrec = SASRecTrainer(config.train, data.num_items, seed=config.train.seed, progress=say,
                            temperature=config.model.score_temperature)
     valid = cases_of(data.eval_set("valid", config.train.max_eval_users))
-    sasrec.fit(data.split.train, valid=valid, eval_every=config.train.eval_every)
+    sasrec.fit(data.split.train, valid=valid, eval_every=config.train.eval_every, patience=config.train.patience)
     return sasrec.score_all([e.history for e in examples])
 
 

@@ -128,6 +128,15 @@ def test_seeded_runs_repeat_and_restore_a_chosen_epoch(setup) -> None:
     assert any(not np.array_equal(final[n], snapshots[EPOCHS][n]) for n in final)
 
 
+def test_patience_stops_after_validations_without_a_better_ndcg(setup) -> None:
+    trainer = SASRecTrainer(setup["tc"], NUM_ITEMS, seed=3, progress=lambda _: None)
+    scripted = iter([0.1, 0.4, 0.3, 0.4, 0.2, 0.9, 0.9, 0.9, 0.9, 0.9])  # best at epoch 2; 0.4 again is no gain
+    trainer.evaluate = lambda cases, ks=(10, 50, 200): {"hr@10": 0.0, "ndcg@10": next(scripted), "mrr": 0.0}
+    trainer.fit(setup["train"], setup["valid"][:4], eval_every=1, patience=3)
+    assert [e["epoch"] for e in trainer.evals] == [1, 2, 3, 4, 5] and trainer.best["epoch"] == 2
+    assert len(trainer.losses) == 5
+
+
 def test_as_target_accepts_the_evaluation_types() -> None:
     h = history([1, 2])
     expected = NextItemTarget(h, 3)
