@@ -1,4 +1,4 @@
-"""`relaygr train`, `relaygr eval` and `relaygr export`: registered on the CLI by `register(subparsers)`."""
+"""`relaygr train`, `eval`, `export` and `lengths`: registered on the CLI by `register(subparsers)`."""
 
 from __future__ import annotations
 
@@ -91,6 +91,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lengths(args: argparse.Namespace) -> int:
+    from mindspore_relaygr.train.length_curve import CURVE_JSON, CURVE_PLOT, format_curve, run_length_curve
+
+    t0 = time.perf_counter()
+    rows = run_length_curve(args.config, args.lengths, args.output_dir, args.override, args.max_users,
+                            progress=_progress("lengths"))
+    print(format_curve(rows))
+    out = Path(args.output_dir)
+    print(f"wrote {out / CURVE_JSON} and {out / CURVE_PLOT}; wall time {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def _positive_lengths(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"history length must be >= 1, got {value}")
+    return value
+
+
 def _config_args(parser: argparse.ArgumentParser, default: str | None) -> None:
     help_text = "YAML config file" if default else "YAML config (default: config.yaml next to --checkpoint)"
     parser.add_argument("--config", default=default, help=help_text)
@@ -130,3 +149,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ex.add_argument("--overwrite", action="store_true", help="replace an existing bundle directory")
     ex.add_argument("--no-verify", action="store_true", help="skip the MindIR-vs-model score check")
     ex.set_defaults(func=cmd_export)
+
+    ln = subparsers.add_parser("lengths", help="quality vs history length: train + evaluate one ranker per length")
+    _config_args(ln, str(REPO_CONFIGS / "ml1m.yaml"))
+    ln.add_argument("--lengths", type=_positive_lengths, nargs="+", default=[50, 100, 200, 400, 800, 2314],
+                    help="longest history (events) of each ranker")
+    ln.add_argument("--output-dir", default="outputs/lengths", help="one len_<L>/ run per length, and the curve")
+    ln.add_argument("--max-users", type=int, default=None, help="evaluate only the first N test users")
+    ln.set_defaults(func=cmd_lengths)

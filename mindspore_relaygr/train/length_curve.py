@@ -1,0 +1,99 @@
+"""Ranking quality vs the longest history the ranker sees: `relaygr lengths`.
+
+For every length L the same recipe (the given config) is trained with `model.max_seq_len = L + 1` (the user
+token and L events), length buckets up to it, and evaluated on the test split with full ranking over all
+items (history filtered; the history is the L most recent events before the target). Each length's run lives
+in `OUTPUT_DIR/len_<L>/`; a length whose evaluation report exists is not run again, so an interrupted sweep
+continues where it stopped. The sweep writes `length_curve.json` (one row per length) and `length_curve.png`
+(HR@10 and NDCG@10 vs L).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mindspore_relaygr.config import load_config
+
+BASE_BUCKETS = (64, 128, 256, 512, 1024, 2048)
+CURVE_JSON, CURVE_PLOT, EVAL_NAME = "length_curve.json", "length_curve.png", "eval_test.json"
+METRICS = ("hr@10", "ndcg@10", "hr@50", "ndcg@50", "hr@200", "ndcg@200", "mrr")
+
+
+def length_overrides(max_len: int, output_dir: Path) -> list[str]:
+    """Config overrides of one point: the model takes up to `max_len` events, written to `output_dir`."""
+    if max_len < 1:
+        raise ValueError(f"history length must be >= 1, got {max_len}")
+    tokens = max_len + 1  # the user token
+    buckets = [b for b in BASE_BUCKETS if b < tokens] + [tokens]
+    return [f"model.max_seq_len={tokens}", f"model.len_buckets={buckets}", f"cache.max_prefix_len={tokens}",
+            "train.max_history_len=null", f"train.output_dir={output_dir}"]
+
+
+def curve_row(max_len: int, report: dict[str, Any], train_metrics: dict[str, Any]) -> dict[str, Any]:
+    """One row of the curve: test metrics of the full path, and how the point was trained."""
+    full = next(v for k, v in report["rows"].items() if k.startswith("ours (full"))["full"]
+    return {"max_len": max_len, **{m: full[m] for m in METRICS}, "users": full["users"],
+            "best_epoch": train_metrics["best"]["epoch"], "epochs_run": len(train_metrics["epoch_losses"]),
+            "train_seconds": train_metrics["train_seconds"], "tokens_per_s": train_metrics["tokens_per_s"]}
+
+
+def run_length_curve(config_path: str | Path, lengths: Sequence[int], output_dir: str | Path,
+                     overrides: Sequence[str] = (), max_users: int | None = None,
+                     progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Train and evaluate every length (skipping finished ones); write and return the curve rows."""
+    from mindspore_relaygr.train.evaluate import run_evaluation, write_report
+    from mindspore_relaygr.train.trainer import CHECKPOINT_NAME, METRICS_NAME, train
+
+    out = Path(output_dir)
+    rows = []
+    for max_len in sorted(set(lengths)):
+        run_dir = out / f"len_{max_len}"
+        cfg = load_config(config_path, [*overrides, *length_overrides(max_len, run_dir)])
+        if not (run_dir / EVAL_NAME).is_file():
+            progress(f"length {max_len}: training into {run_dir}")
+            train(cfg, progress=progress)
+            report = run_evaluation(cfg, run_dir / CHECKPOINT_NAME, "test", baselines=(), max_users=max_users,
+                                    progress=progress)
+            write_report(report, run_dir / EVAL_NAME)
+        report = json.loads((run_dir / EVAL_NAME).read_text())
+        rows.append(curve_row(max_len, report, json.loads((run_dir / METRICS_NAME).read_text())))
+        progress(f"length {max_len}: test HR@10 {rows[-1]['hr@10']:.4f} NDCG@10 {rows[-1]['ndcg@10']:.4f}")
+    (out / CURVE_JSON).write_text(json.dumps({"config": str(config_path), "overrides": list(overrides),
+                                              "rows": rows}, indent=2) + "\n")
+    plot_length_curve(rows, out / CURVE_PLOT)
+    return rows
+
+
+def format_curve(rows: Sequence[dict[str, Any]]) -> str:
+    """A plain-text table of the curve."""
+    head = f"{'max len':>8} " + " ".join(f"{m:>9}" for m in METRICS) + f" {'epochs':>7} {'train s':>8}"
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['max_len']:>8} " + " ".join(f"{r[m]:>9.4f}" for m in METRICS)
+                     + f" {r['epochs_run']:>7} {r['train_seconds']:>8.0f}")
+    return "\n".join(lines)
+
+
+def plot_length_curve(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
+    """HR@10 and NDCG@10 vs the longest history (log x axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    lengths = [r["max_len"] for r in rows]
+    for key, style in (("hr@10", "o-"), ("ndcg@10", "s-")):
+        ax.plot(lengths, [r[key] for r in rows], style, label=key)
+    ax.set_xscale("log")
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    users = rows[0]["users"] if rows else 0
+    ax.set(xlabel="longest history (events)", ylabel="test metric",
+           title=f"quality vs history length ({users} users, all items)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

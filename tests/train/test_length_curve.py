@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mindspore_relaygr import load_config
+from mindspore_relaygr.config import ConfigError
+from mindspore_relaygr.train.length_curve import CURVE_JSON, CURVE_PLOT, format_curve, length_overrides
+from tests.conftest import CONFIGS, REPO
+from tests.train.conftest import synthetic_overrides
+
+
+@pytest.mark.parametrize("max_len, buckets", [(50, [51]), (200, [64, 128, 201]),
+                                              (2314, [64, 128, 256, 512, 1024, 2048, 2315])])
+def test_each_length_is_a_valid_ml1m_config(tmp_path, max_len, buckets):
+    cfg = load_config(REPO / "configs" / "ml1m.yaml", length_overrides(max_len, tmp_path / "x"))
+    assert cfg.model.max_seq_len == max_len + 1 and cfg.model.len_buckets == buckets
+    assert cfg.cache.max_prefix_len == max_len + 1 and cfg.train.output_dir == str(tmp_path / "x")
+    with pytest.raises(ValueError, match="history length must be >= 1"):
+        length_overrides(0, tmp_path)
+
+
+def test_a_length_over_the_configured_cap_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="train.max_history_len=300"):
+        from mindspore_relaygr.train.dataset import max_history_len
+
+        max_history_len(load_config(REPO / "configs" / "ml1m.yaml",
+                                    [*length_overrides(100, tmp_path), "train.max_history_len=300"]))
+
+
+@pytest.mark.slow
+def test_sweep_trains_evaluates_and_resumes(synthetic_data_path, tmp_path):
+    """Two lengths on the synthetic data: a row per length, the JSON and the plot; a rerun reuses both runs."""
+    from mindspore_relaygr.train.length_curve import run_length_curve
+
+    config = tmp_path / "config.yaml"
+    config.write_text((CONFIGS / "tiny.yaml").read_text())
+    overrides = [*synthetic_overrides(synthetic_data_path, tmp_path / "unused"), "train.epochs=4",
+                 "train.eval_every=2"]
+    lines: list[str] = []
+    rows = run_length_curve(config, [12, 6], tmp_path / "out", overrides, progress=lines.append)
+    assert [r["max_len"] for r in rows] == [6, 12]
+    for r in rows:
+        assert 0.0 <= r["ndcg@10"] <= r["hr@10"] <= 1.0 and r["epochs_run"] == 4
+    assert (tmp_path / "out" / CURVE_PLOT).stat().st_size > 0
+    saved = json.loads((tmp_path / "out" / CURVE_JSON).read_text())
+    assert saved["rows"] == rows
+    assert load_config(tmp_path / "out" / "len_6" / "config.yaml").model.max_seq_len == 7
+    again: list[str] = []
+    assert run_length_curve(config, [6, 12], tmp_path / "out", overrides, progress=again.append) == rows
+    assert not any("training" in line for line in again)  # finished lengths are not run again
+    assert "max len" in format_curve(rows).splitlines()[0]
