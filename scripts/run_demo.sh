@@ -11,7 +11,7 @@
 #   --skip-train   reuse DIR/best.ckpt from an earlier run
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEMO_EPOCHS=8
+DEMO_EPOCHS=5
 DEMO_EVAL_USERS=1000
 out=outputs/demo port="" epochs="$DEMO_EPOCHS" skip_train=0
 while [ $# -gt 0 ]; do
