@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -245,6 +246,28 @@ class SASRecTrainer:
         if best_params is not None:
             self._load_parameters(best_params)
             say(f"SASRec: kept epoch {self.best['epoch']} (valid NDCG@10 {self.best['ndcg@10']:.4f})")
+        self.net.set_train(False)
+        return self
+
+    def save(self, path: str | Path) -> None:
+        """The network's weights (the kept epoch's after `fit`) as a MindSpore checkpoint."""
+        import mindspore as ms
+
+        ms.save_checkpoint(self.net, str(path))
+
+    def load(self, path: str | Path) -> SASRecTrainer:
+        """Weights saved by `save` from a trainer of the same config; every parameter must be present."""
+        import mindspore as ms
+
+        params = ms.load_checkpoint(str(path))
+        missing = sorted(p.name for p in self.net.trainable_params() if p.name not in params)
+        if missing:
+            raise ValueError(f"{path} is not a SASRec checkpoint of this config: missing {missing[:3]}")
+        for p in self.net.trainable_params():
+            if tuple(params[p.name].shape) != tuple(p.shape):
+                raise ValueError(f"{path}: {p.name} has shape {tuple(params[p.name].shape)}, the config's SASRec "
+                                 f"{tuple(p.shape)}")
+        ms.load_param_into_net(self.net, params)
         self.net.set_train(False)
         return self
 

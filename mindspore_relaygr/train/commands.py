@@ -1,4 +1,4 @@
-"""`relaygr train`, `eval`, `export` and `lengths`: registered on the CLI by `register(subparsers)`."""
+"""`relaygr train`, `baseline`, `eval`, `export` and `lengths`: registered on the CLI by `register(subparsers)`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from mindspore_relaygr.config import RelayGRConfig, load_config
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 BASELINES = ("popularity", "sasrec")
+SASREC_CHECKPOINT = "sasrec.ckpt"
 
 
 def _progress(tag: str):
@@ -44,14 +45,44 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_baseline(args: argparse.Namespace) -> int:
+    import json
+
+    from mindspore_relaygr.config import save_config
+    from mindspore_relaygr.train.dataset import prepare_data
+    from mindspore_relaygr.train.evaluate import train_sasrec
+
+    cfg = load_config(args.config, args.override)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    say = _progress("baseline")
+    say(f"SASRec ({cfg.train.sasrec_num_layers} layers, d={cfg.train.sasrec_d_model}, batch "
+        f"{cfg.train.sasrec_batch_size}, up to {cfg.train.sasrec_epochs} epochs), output {out}")
+    t0 = time.perf_counter()
+    sasrec = train_sasrec(cfg, prepare_data(cfg), say)
+    sasrec.save(out / SASREC_CHECKPOINT)
+    save_config(cfg, out / "config.yaml")
+    report = {"model": "SASRec", "best": sasrec.best, "evals": sasrec.evals, "epoch_losses": sasrec.losses,
+              "train_seconds": time.perf_counter() - t0, "checkpoint": SASREC_CHECKPOINT}
+    (out / "sasrec_metrics.json").write_text(json.dumps(report, indent=2) + "\n")
+    best = sasrec.best or {"epoch": len(sasrec.losses), "hr@10": float("nan"), "ndcg@10": float("nan")}
+    print(f"SASRec checkpoint: {out / SASREC_CHECKPOINT} (epoch {best['epoch']}, valid HR@10 {best['hr@10']:.4f}, "
+          f"NDCG@10 {best['ndcg@10']:.4f}); use it with relaygr eval --sasrec-checkpoint; "
+          f"wall time {report['train_seconds']:.0f} s")
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from mindspore_relaygr.train.evaluate import format_table, run_evaluation, write_report
 
     cfg = _checkpoint_config(args)
     t0 = time.perf_counter()
     baselines = () if args.no_baselines else tuple(args.baselines)
+    if args.sasrec_checkpoint and "sasrec" not in baselines:
+        print("--sasrec-checkpoint needs the sasrec baseline (see --baselines)", file=sys.stderr)
+        return 2
     report = run_evaluation(cfg, args.checkpoint, args.split, args.suffix_len, baselines, args.max_users,
-                            progress=_progress("eval"))
+                            progress=_progress("eval"), sasrec_checkpoint=args.sasrec_checkpoint)
     report["wall_seconds"] = time.perf_counter() - t0
     print(format_table(report))
     out = Path(args.out) if args.out else Path(args.checkpoint).parent / f"eval_{args.split}.json"
@@ -128,6 +159,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="one data-parallel worker under msrun (see scripts/run_distribute_train.sh)")
     train.set_defaults(func=cmd_train)
 
+    base = subparsers.add_parser("baseline", help="train the SASRec baseline (same loss, data, model selection)")
+    _config_args(base, str(REPO_CONFIGS / "ml1m.yaml"))
+    base.add_argument("--output-dir", default="outputs/sasrec", help="sasrec.ckpt, config.yaml, sasrec_metrics.json")
+    base.set_defaults(func=cmd_baseline)
+
     ev = subparsers.add_parser("eval", help="leave-one-out HR@10/NDCG@10/MRR/AUC: ours (full and relay) + baselines")
     ev.add_argument("--checkpoint", required=True, help="checkpoint written by `relaygr train`")
     _config_args(ev, None)
@@ -137,6 +173,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--baselines", nargs="+", choices=BASELINES, default=list(BASELINES),
                     help="baselines in the same run (default: both; SASRec trains for train.sasrec_epochs)")
     ev.add_argument("--no-baselines", action="store_true", help="skip every baseline")
+    ev.add_argument("--sasrec-checkpoint", help="SASRec weights from `relaygr baseline` instead of training one")
     ev.add_argument("--out", help="report JSON (default: eval_<split>.json next to the checkpoint)")
     ev.set_defaults(func=cmd_eval)
 

@@ -88,8 +88,10 @@ def protocol_rows(scores: np.ndarray, examples: Sequence[EvalExample]) -> dict[s
 
 def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "test", suffix_len: int = 8,
                    baselines: Sequence[str] = ("popularity", "sasrec"), max_users: int | None = None,
-                   data: PreparedData | None = None, progress: Progress | None = None) -> dict[str, Any]:
-    """Evaluate the checkpoint (both paths) and the baselines; returns the report (see `format_table`)."""
+                   data: PreparedData | None = None, progress: Progress | None = None,
+                   sasrec_checkpoint: str | Path | None = None) -> dict[str, Any]:
+    """Evaluate the checkpoint (both paths) and the baselines; returns the report (see `format_table`).
+    SASRec is trained in the run unless `sasrec_checkpoint` (written by `relaygr baseline`) is given."""
     from mindspore_relaygr.model.ranker import RelayGRModel
 
     say = progress or (lambda msg: logger.info("%s", msg))
@@ -119,7 +121,7 @@ def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "
         everything = np.arange(data.num_items + 1)
         timed("popularity", lambda: np.stack([popularity.score(everything) for _ in examples]))
     if "sasrec" in baselines:
-        timed("SASRec", lambda: _sasrec_scores(config, data, examples, say))
+        timed("SASRec", lambda: _sasrec_scores(config, data, examples, say, sasrec_checkpoint))
     identical = rows[full_name]["full"] == rows[relay_name]["full"] and \
         rows[full_name]["sampled"] == rows[relay_name]["sampled"]
     diff = np.abs(scores[full_name][:, 1:] - scores[relay_name][:, 1:])  # column 0 is padding (-inf)
@@ -150,16 +152,30 @@ def path_agreement(full: np.ndarray, relay: np.ndarray, examples: Sequence[EvalE
             "paths_agree": within and bool(np.all(moved <= near)), "r1_tolerance": tolerance}
 
 
-def _sasrec_scores(config: RelayGRConfig, data: PreparedData, examples: Sequence[EvalExample],
-                   say: Progress) -> np.ndarray:
-    """SASRec trained on the training split, its epoch chosen on validation NDCG@10 (all items), stopped
-    early with `train.patience` as our ranker."""
+def train_sasrec(config: RelayGRConfig, data: PreparedData, say: Progress) -> Any:
+    """SASRec trained on the training split, its epoch chosen on validation NDCG@10 (all items, the same
+    `train.max_eval_users` users as our ranker), stopped early with `train.patience` as our ranker."""
     from mindspore_relaygr.train.baselines import SASRecTrainer
 
     sasrec = SASRecTrainer(config.train, data.num_items, seed=config.train.seed, progress=say,
                            temperature=config.model.score_temperature)
     valid = cases_of(data.eval_set("valid", config.train.max_eval_users))
-    sasrec.fit(data.split.train, valid=valid, eval_every=config.train.eval_every, patience=config.train.patience)
+    return sasrec.fit(data.split.train, valid=valid, eval_every=config.train.eval_every,
+                      patience=config.train.patience)
+
+
+def _sasrec_scores(config: RelayGRConfig, data: PreparedData, examples: Sequence[EvalExample],
+                   say: Progress, checkpoint: str | Path | None = None) -> np.ndarray:
+    """All-item scores of a SASRec trained now (`train_sasrec`), or loaded from `checkpoint`
+    (`relaygr baseline`)."""
+    from mindspore_relaygr.train.baselines import SASRecTrainer
+
+    if checkpoint is None:
+        sasrec = train_sasrec(config, data, say)
+    else:
+        say(f"SASRec: weights from {checkpoint}")
+        sasrec = SASRecTrainer(config.train, data.num_items, seed=config.train.seed, progress=say,
+                               temperature=config.model.score_temperature).load(checkpoint)
     return sasrec.score_all([e.history for e in examples])
 
 

@@ -3,9 +3,9 @@
 For every length L the same recipe (the given config) is trained with `model.max_seq_len = L + 1` (the user
 token and L events), length buckets up to it, and evaluated on the test split with full ranking over all
 items (history filtered; the history is the L most recent events before the target). Each length's run lives
-in `OUTPUT_DIR/len_<L>/`; a length whose evaluation report exists is not run again, so an interrupted sweep
-continues where it stopped. The sweep writes `length_curve.json` (one row per length) and `length_curve.png`
-(HR@10 and NDCG@10 vs L).
+in `OUTPUT_DIR/len_<L>/`; a length whose evaluation report exists is not run again, and one whose training
+was interrupted resumes from its last epoch, so a stopped sweep continues where it stopped. The sweep writes
+`length_curve.json` (one row per length) and `length_curve.png` (HR@10 and NDCG@10 vs L).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def run_length_curve(config_path: str | Path, lengths: Sequence[int], output_dir
                      progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Train and evaluate every length (skipping finished ones); write and return the curve rows."""
     from mindspore_relaygr.train.evaluate import run_evaluation, write_report
-    from mindspore_relaygr.train.trainer import CHECKPOINT_NAME, METRICS_NAME, train
+    from mindspore_relaygr.train.trainer import CHECKPOINT_NAME, LAST_NAME, METRICS_NAME, STATE_NAME, train
 
     out = Path(output_dir)
     rows = []
@@ -53,8 +53,9 @@ def run_length_curve(config_path: str | Path, lengths: Sequence[int], output_dir
         run_dir = out / f"len_{max_len}"
         cfg = load_config(config_path, [*overrides, *length_overrides(max_len, run_dir)])
         if not (run_dir / EVAL_NAME).is_file():
-            progress(f"length {max_len}: training into {run_dir}")
-            train(cfg, progress=progress)
+            resume = (run_dir / STATE_NAME).is_file() and (run_dir / LAST_NAME).is_file()
+            progress(f"length {max_len}: {'resuming' if resume else 'training'} in {run_dir}")
+            train(cfg, progress=progress, resume=resume)
             report = run_evaluation(cfg, run_dir / CHECKPOINT_NAME, "test", baselines=(), max_users=max_users,
                                     progress=progress)
             write_report(report, run_dir / EVAL_NAME)

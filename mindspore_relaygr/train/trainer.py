@@ -211,7 +211,7 @@ class Trainer:
             save_config(self.config, out / CONFIG_NAME)
         result = TrainResult(out, out / CHECKPOINT_NAME, {"valid_ndcg@10": -1.0})
         first_epoch = self._resume(result) if resume else 1
-        t0, train_seconds, tokens = time.perf_counter(), 0.0, 0
+        t0, train_seconds, tokens = time.perf_counter() - result.seconds, 0.0, 0  # seconds: before a resume
         for epoch in range(first_epoch, self.tc.epochs + 1):
             tick = time.perf_counter()
             loss, epoch_tokens = self._epoch(epoch, result)
@@ -221,6 +221,7 @@ class Trainer:
             stop = False
             if epoch % self.tc.eval_every == 0 or epoch == self.tc.epochs:
                 stop = self._validate(result, epoch, loss)
+            result.seconds = time.perf_counter() - t0
             self._save_state(result, epoch)
             if stop:
                 self.progress(f"early stop after epoch {epoch}: no better validation NDCG@10 in "
@@ -278,7 +279,7 @@ class Trainer:
         out = result.output_dir
         ms.save_checkpoint(self.step_cell, str(out / LAST_NAME))
         state = {"epoch": epoch, "steps": result.steps, "best": result.best, "evals": result.evals,
-                 "epoch_losses": result.epoch_losses, "rng": self.rng.bit_generator.state}
+                 "epoch_losses": result.epoch_losses, "seconds": result.seconds, "rng": self.rng.bit_generator.state}
         (out / STATE_NAME).write_text(json.dumps(state, indent=1) + "\n")
 
     def _resume(self, result: TrainResult) -> int:
@@ -293,6 +294,7 @@ class Trainer:
         self.rng.bit_generator.state = state["rng"]
         result.best, result.evals = state["best"], state["evals"]
         result.epoch_losses, result.steps = state["epoch_losses"], state["steps"]
+        result.seconds = float(state.get("seconds", 0.0))  # wall time of the epochs before the resume
         self.progress(f"resumed from {out / LAST_NAME} after epoch {state['epoch']} (step {state['steps']})")
         return int(state["epoch"]) + 1
 

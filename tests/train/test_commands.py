@@ -53,3 +53,43 @@ def test_train_eval_export_commands(synthetic_data_path, tmp_path, capsys):
     assert "bundle" in printed and (out / "bundle" / "manifest.json").is_file()
     with pytest.raises(BundleError, match="already exists"):
         _run(["export", "--checkpoint", checkpoint, "--no-verify"])
+
+
+@pytest.mark.slow
+def test_baseline_checkpoint_is_reused_by_eval(synthetic_data_path, tmp_path, capsys):
+    """`relaygr baseline` trains SASRec once; `relaygr eval --sasrec-checkpoint` scores with those weights
+    (the same SASRec rows as an eval that loads them again) instead of training another."""
+    out = tmp_path / "run"
+    overrides = [x for o in [*synthetic_overrides(synthetic_data_path, out), "train.sasrec_epochs=6",
+                             "train.eval_every=3"] for x in ("-o", o)]
+    config = ["--config", str(CONFIGS / "tiny.yaml"), *overrides]
+    assert _run(["baseline", *config, "--output-dir", str(tmp_path / "sasrec")]) == 0
+    saved = json.loads((tmp_path / "sasrec" / "sasrec_metrics.json").read_text())
+    assert [e["epoch"] for e in saved["evals"]] == [3, 6] and len(saved["epoch_losses"]) == 6
+    assert "SASRec checkpoint" in capsys.readouterr().out
+    assert _run(["train", *config, "-o", "train.epochs=1", "--output-dir", str(out)]) == 0
+    ckpt = str(tmp_path / "sasrec" / "sasrec.ckpt")
+    rows = []
+    for name in ("a", "b"):
+        assert _run(["eval", "--checkpoint", str(out / "best.ckpt"), "--baselines", "sasrec", "--max-users", "12",
+                     "--sasrec-checkpoint", ckpt, "--out", str(tmp_path / f"{name}.json")]) == 0
+        rows.append(json.loads((tmp_path / f"{name}.json").read_text())["rows"]["SASRec"])
+    assert rows[0]["full"] == rows[1]["full"] and rows[0]["full"]["users"] == 12
+    printed = capsys.readouterr().err
+    assert "SASRec: weights from" in printed and "SASRec epoch" not in printed  # loaded, not trained
+    assert _run(["eval", "--checkpoint", str(out / "best.ckpt"), "--baselines", "popularity",
+                 "--sasrec-checkpoint", ckpt]) == 2
+
+
+def test_sasrec_checkpoint_of_another_shape_is_refused(tmp_path, tiny_config_path):
+    from mindspore_relaygr import load_config
+    from mindspore_relaygr.runtime import configure_context
+    from mindspore_relaygr.train.baselines import SASRecTrainer
+
+    configure_context(load_config(tiny_config_path).context)
+    small = ["train.sasrec_d_model=8", "train.sasrec_num_heads=1", "train.sasrec_max_len=8",
+             "train.sasrec_batch_size=4"]
+    SASRecTrainer(load_config(overrides=small).train, 30).save(tmp_path / "s.ckpt")
+    wider = load_config(overrides=[*small, "train.sasrec_d_model=16"]).train
+    with pytest.raises(ValueError, match="has shape"):
+        SASRecTrainer(wider, 30).load(tmp_path / "s.ckpt")

@@ -31,15 +31,20 @@ def test_a_length_over_the_configured_cap_is_an_error(tmp_path):
 
 @pytest.mark.slow
 def test_sweep_trains_evaluates_and_resumes(synthetic_data_path, tmp_path):
-    """Two lengths on the synthetic data: a row per length, the JSON and the plot; a rerun reuses both runs."""
+    """Two lengths on the synthetic data: a row per length, the JSON and the plot; an interrupted length
+    resumes, and a rerun reuses both finished runs."""
     from mindspore_relaygr.train.length_curve import run_length_curve
+    from mindspore_relaygr.train.trainer import train
 
     config = tmp_path / "config.yaml"
     config.write_text((CONFIGS / "tiny.yaml").read_text())
     overrides = [*synthetic_overrides(synthetic_data_path, tmp_path / "unused"), "train.epochs=4",
                  "train.eval_every=2"]
+    # Length 6 was stopped after 2 of its 4 epochs.
+    train(load_config(config, [*overrides, "train.epochs=2", *length_overrides(6, tmp_path / "out" / "len_6")]))
     lines: list[str] = []
     rows = run_length_curve(config, [12, 6], tmp_path / "out", overrides, progress=lines.append)
+    assert any("length 6: resuming" in line for line in lines) and any("length 12: training" in line for line in lines)
     assert [r["max_len"] for r in rows] == [6, 12]
     for r in rows:
         assert 0.0 <= r["ndcg@10"] <= r["hr@10"] <= 1.0 and r["epochs_run"] == 4
@@ -49,5 +54,5 @@ def test_sweep_trains_evaluates_and_resumes(synthetic_data_path, tmp_path):
     assert load_config(tmp_path / "out" / "len_6" / "config.yaml").model.max_seq_len == 7
     again: list[str] = []
     assert run_length_curve(config, [6, 12], tmp_path / "out", overrides, progress=again.append) == rows
-    assert not any("training" in line for line in again)  # finished lengths are not run again
+    assert not any("training" in line or "resuming" in line for line in again)  # finished lengths are reused
     assert "max len" in format_curve(rows).splitlines()[0]
