@@ -199,14 +199,16 @@ class SASRecTrainer:
         return dropout_noise(self.dropout_rng, shapes)
 
     def fit(self, train: Mapping[int, History], valid: Iterable[Any] | None = None, eval_every: int = 1,
-            progress: Callable[[str], None] | None = None, patience: int | None = None) -> SASRecTrainer:
+            progress: Callable[[str], None] | None = None, patience: int | None = None,
+            after_validation: Callable[[SASRecTrainer, bool], None] | None = None) -> SASRecTrainer:
         """Up to `train.sasrec_epochs` epochs over the users with >= 2 training events, in shuffled batches.
 
         `valid`: cases with a history and the next item (see `as_target`). Every `eval_every` epochs (and
         after the last) they are ranked against all items (history excluded); the parameters of the epoch
         with the best NDCG@10 are kept and restored at the end; with `patience`, training stops after that
         many validations without a better NDCG@10 (as the HSTU trainer). Metrics per validation go to
-        `self.evals`."""
+        `self.evals`. `after_validation(self, improved)` runs after each validation (the network holds that
+        epoch's weights), e.g. to checkpoint the best epoch so far."""
         from mindspore import Tensor
 
         if eval_every < 1:
@@ -235,9 +237,12 @@ class SASRecTrainer:
                 entry["seconds"] = time.perf_counter() - t0
                 self.evals.append(entry)
                 line += f"; valid HR@10 {entry['hr@10']:.4f} NDCG@10 {entry['ndcg@10']:.4f}"
-                if self.best is None or entry[SELECT_BY] > self.best[SELECT_BY]:
+                improved = self.best is None or entry[SELECT_BY] > self.best[SELECT_BY]
+                if improved:
                     self.best, best_params = entry, self._parameters()
                     line += " (best)"
+                if after_validation is not None:
+                    after_validation(self, improved)
             say(line)
             if patience is not None and self.best is not None and \
                     sum(1 for e in self.evals if e["epoch"] > self.best["epoch"]) >= patience:

@@ -58,13 +58,24 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     say = _progress("baseline")
     say(f"SASRec ({cfg.train.sasrec_num_layers} layers, d={cfg.train.sasrec_d_model}, batch "
         f"{cfg.train.sasrec_batch_size}, up to {cfg.train.sasrec_epochs} epochs), output {out}")
-    t0 = time.perf_counter()
-    sasrec = train_sasrec(cfg, prepare_data(cfg), say)
-    sasrec.save(out / SASREC_CHECKPOINT)
     save_config(cfg, out / "config.yaml")
-    report = {"model": "SASRec", "best": sasrec.best, "evals": sasrec.evals, "epoch_losses": sasrec.losses,
-              "train_seconds": time.perf_counter() - t0, "checkpoint": SASREC_CHECKPOINT}
-    (out / "sasrec_metrics.json").write_text(json.dumps(report, indent=2) + "\n")
+    t0 = time.perf_counter()
+
+    def write_report(trainer, finished: bool) -> None:
+        report = {"model": "SASRec", "finished": finished, "best": trainer.best, "evals": trainer.evals,
+                  "epoch_losses": trainer.losses, "train_seconds": time.perf_counter() - t0,
+                  "checkpoint": SASREC_CHECKPOINT}
+        (out / "sasrec_metrics.json").write_text(json.dumps(report, indent=2) + "\n")
+
+    def after_validation(trainer, improved: bool) -> None:  # a stopped run keeps its best epoch so far
+        if improved:
+            trainer.save(out / SASREC_CHECKPOINT)
+        write_report(trainer, finished=False)
+
+    sasrec = train_sasrec(cfg, prepare_data(cfg), say, after_validation)
+    sasrec.save(out / SASREC_CHECKPOINT)
+    write_report(sasrec, finished=True)
+    report = json.loads((out / "sasrec_metrics.json").read_text())
     best = sasrec.best or {"epoch": len(sasrec.losses), "hr@10": float("nan"), "ndcg@10": float("nan")}
     print(f"SASRec checkpoint: {out / SASREC_CHECKPOINT} (epoch {best['epoch']}, valid HR@10 {best['hr@10']:.4f}, "
           f"NDCG@10 {best['ndcg@10']:.4f}); use it with relaygr eval --sasrec-checkpoint; "

@@ -152,16 +152,19 @@ def path_agreement(full: np.ndarray, relay: np.ndarray, examples: Sequence[EvalE
             "paths_agree": within and bool(np.all(moved <= near)), "r1_tolerance": tolerance}
 
 
-def train_sasrec(config: RelayGRConfig, data: PreparedData, say: Progress) -> Any:
+def train_sasrec(config: RelayGRConfig, data: PreparedData, say: Progress,
+                 after_validation: Callable[[Any, bool], None] | None = None) -> Any:
     """SASRec trained on the training split, its epoch chosen on validation NDCG@10 (all items, the same
     `train.max_eval_users` users as our ranker), stopped early with `train.patience` as our ranker."""
+    from mindspore_relaygr.runtime import configure_context
     from mindspore_relaygr.train.baselines import SASRecTrainer
 
+    configure_context(config.context)  # graph mode: without it MindSpore runs the step op by op (PyNative)
     sasrec = SASRecTrainer(config.train, data.num_items, seed=config.train.seed, progress=say,
                            temperature=config.model.score_temperature)
     valid = cases_of(data.eval_set("valid", config.train.max_eval_users))
     return sasrec.fit(data.split.train, valid=valid, eval_every=config.train.eval_every,
-                      patience=config.train.patience)
+                      patience=config.train.patience, after_validation=after_validation)
 
 
 def _sasrec_scores(config: RelayGRConfig, data: PreparedData, examples: Sequence[EvalExample],

@@ -132,8 +132,11 @@ def test_patience_stops_after_validations_without_a_better_ndcg(setup) -> None:
     trainer = SASRecTrainer(setup["tc"], NUM_ITEMS, seed=3, progress=lambda _: None)
     scripted = iter([0.1, 0.4, 0.3, 0.4, 0.2, 0.9, 0.9, 0.9, 0.9, 0.9])  # best at epoch 2; 0.4 again is no gain
     trainer.evaluate = lambda cases, ks=(10, 50, 200): {"hr@10": 0.0, "ndcg@10": next(scripted), "mrr": 0.0}
-    trainer.fit(setup["train"], setup["valid"][:4], eval_every=1, patience=3)
+    seen: list[tuple[int, bool]] = []
+    trainer.fit(setup["train"], setup["valid"][:4], eval_every=1, patience=3,
+                after_validation=lambda t, improved: seen.append((t.evals[-1]["epoch"], improved)))
     assert [e["epoch"] for e in trainer.evals] == [1, 2, 3, 4, 5] and trainer.best["epoch"] == 2
+    assert seen == [(1, True), (2, True), (3, False), (4, False), (5, False)]
     assert len(trainer.losses) == 5
 
 
