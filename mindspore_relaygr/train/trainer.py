@@ -17,7 +17,7 @@ Each epoch ends with `last.ckpt` (weights + optimizer state) and `train_state.js
 `resume=True` continues.
 
 Output directory: `config.yaml` (resolved), `best.ckpt`, `last.ckpt`, `train_state.json`, `train_metrics.json`,
-`train_curve.png` (loss and validation metrics per epoch).
+`train_curve.png` (loss and validation metrics per epoch); the last three are rewritten after every epoch.
 """
 
 from __future__ import annotations
@@ -222,15 +222,14 @@ class Trainer:
             if epoch % self.tc.eval_every == 0 or epoch == self.tc.epochs:
                 stop = self._validate(result, epoch, loss)
             result.seconds = time.perf_counter() - t0
+            result.tokens_per_s = tokens / max(train_seconds, 1e-9)
             self._save_state(result, epoch)
+            self._write_metrics(result)  # after every epoch: a stopped run's report and curve are current
             if stop:
                 self.progress(f"early stop after epoch {epoch}: no better validation NDCG@10 in "
                               f"{self.tc.patience} validations")
                 break
-        result.seconds = time.perf_counter() - t0
         self.model.refresh_weights()  # the serving graphs read assembled copies of the trained weights
-        result.tokens_per_s = tokens / max(train_seconds, 1e-9)
-        self._write_metrics(result)
         return result
 
     def _epoch(self, epoch: int, result: TrainResult) -> tuple[float, int]:
