@@ -301,6 +301,7 @@ class TrainConfig:
     high_rating_weight: float = 1.0  # weight of the high_rating BCE (on the groups' positives)
     max_history_len: int | None = None  # null: model.max_seq_len minus the user token
     init: str = "xavier"  # xavier: re-initialize at the HSTU reference scales | model: keep HSTUNet's init
+    rab_init: float = 0.0  # xavier init: mean of the relative-bias table (1.0: layers start as a causal mean)
     eval_every: int = 1  # epochs between validations (best checkpoint by validation NDCG@10)
     patience: int = 5  # validations without a better NDCG@10 before training stops
     max_eval_users: int | None = None  # null: validate on every user

@@ -103,12 +103,14 @@ EMBEDDING_TABLES = ("item_table", "action_table", "user_table", "pos_table")
 SCALED_TABLES = ("item_table", "action_table", "user_table")  # stored scaled by sqrt(d): see _param_groups
 
 
-def init_weights(net: Any, d_model: int, seed: int) -> None:
+def init_weights(net: Any, d_model: int, seed: int, rab_mean: float = 0.0) -> None:
     """Re-initialize `net` at the scales of the HSTU reference code before training.
 
     Embedding tables N(0, 0.02^2 d) (the reference scales its 0.02 embeddings by sqrt(d)); the U/V/Q/K
     projection N(0, 0.02^2), so every layer starts close to the identity (its output is gated by a small U);
-    the other projections Xavier-normal; biases, LayerNorms and the relative-bias table as HSTUNet made them."""
+    the other projections Xavier-normal; the relative-bias table N(rab_mean, 0.02^2): with the reference's 0
+    every attention weight SiLU(q.k + rab) starts near 0, with rab_mean = 1 near SiLU(1), so a layer starts
+    as a causal mean over the history (as softmax attention does); biases and LayerNorms as HSTUNet made them."""
     from mindspore import Tensor
 
     rng = np.random.default_rng([seed, 7])
@@ -118,6 +120,8 @@ def init_weights(net: Any, d_model: int, seed: int) -> None:
             value = rng.normal(0.0, 0.02 * np.sqrt(d_model), shape)
         elif (leaf.startswith("w_") and len(shape) == 3) or name.endswith("w_u.weight"):  # W1: U, V, Q, K
             value = rng.normal(0.0, 0.02, shape)
+        elif name == "rab.table":
+            value = rng.normal(rab_mean, 0.02, shape)
         elif leaf == "weight" and len(shape) == 2:  # nn.Dense [d_out, d_in]
             value = rng.normal(0.0, np.sqrt(2.0 / (shape[0] + shape[1])), shape)
         else:
@@ -158,7 +162,7 @@ class Trainer:
             raise ConfigError(f"train.num_negatives={self.tc.num_negatives}: more than the {self.data.num_items} items")
         self.model = model if model is not None else RelayGRModel(config)
         if self.tc.init == "xavier":
-            init_weights(self.model.net, config.model.d_model, config.model.seed)
+            init_weights(self.model.net, config.model.d_model, config.model.seed, self.tc.rab_init)
         self.progress = progress or (lambda msg: logger.info("%s", msg))
         self.optimizer = nn.Adam(self._param_groups(), learning_rate=self.tc.lr, beta1=0.9, beta2=self.tc.beta2,
                                  weight_decay=self.tc.weight_decay)

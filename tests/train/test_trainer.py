@@ -161,3 +161,18 @@ def _overrides(cfg) -> list[str]:
     from tests.train.conftest import synthetic_overrides
 
     return synthetic_overrides(cfg.data.path, cfg.train.output_dir)
+
+
+@pytest.mark.parametrize("rab_mean", [0.0, 1.0])
+def test_init_sets_the_relative_bias_mean(rab_mean):
+    from mindspore_relaygr.model.network import HSTUNet
+    from mindspore_relaygr.runtime import configure_context
+    from mindspore_relaygr.train.trainer import init_weights
+
+    cfg = load_config(CONFIGS / "tiny.yaml")
+    configure_context(cfg.context)
+    net = HSTUNet(cfg.model)
+    init_weights(net, cfg.model.d_model, seed=0, rab_mean=rab_mean)
+    table = net.rab.table.asnumpy()
+    assert abs(table.mean() - rab_mean) < 0.01 and 0.01 < table.std() < 0.03
+    assert abs(net.item_table.asnumpy().std() - 0.02 * np.sqrt(cfg.model.d_model)) < 0.01
