@@ -233,6 +233,8 @@ class Trainer:
                 self.progress(f"early stop after epoch {epoch}: no better validation NDCG@10 in "
                               f"{self.tc.patience} validations")
                 break
+        if first_epoch > self.tc.epochs:  # resumed after the last epoch: the report of the run as it stands
+            self._write_metrics(result)
         self.model.refresh_weights()  # the serving graphs read assembled copies of the trained weights
         return result
 
