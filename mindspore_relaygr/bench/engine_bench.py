@@ -53,7 +53,7 @@ def run_one(engine: Any, workload: Workload, relay: bool, time_limit_s: float | 
         summary["cold_compiles"] = [c.as_dict() for c in call_stats.cold_calls]
     summary["rank_queue_ms"] = {"p50": percentile(queue_ms, 50), "p99": percentile(queue_ms, 99),
                                 "max": max(queue_ms, default=float("nan"))}
-    summary["engine"] = engine.stats()["counters"]
+    summary["engine"] = engine.stats().counters()
     summary["wasted_prefills"] = summary["engine"].get("wasted_prefills", 0)
     return summary
 

@@ -44,10 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
-from mindspore_relaygr.cache.hierarchy import TIERS as TIER_ORDER
 from mindspore_relaygr.config import RelayGRConfig
 
 Progress = Callable[[str], None]
+TIER_ORDER = ("device", "dram", "partial", "inflight", "miss")  # the tiers a relayed rank can land in
 TIER_COLORS = {
     "device": "tab:blue",
     "dram": "tab:orange",
@@ -79,7 +79,7 @@ def _run(config: RelayGRConfig, model: Any, latency: Any, workload: Workload) ->
     engine = engine_for(config, model, latency, relay=True)
     try:
         summary = run_one(engine, workload, relay=True, time_limit_s=None)
-        summary["cache"] = engine.stats()["cache"]  # the engine is idle: run_one waited for its prefills
+        summary["cache"] = engine.stats().to_dict()["cache"]  # the engine is idle: run_one waited for its prefills
     finally:
         engine.close()
     summary["shares"] = tier_shares(summary["tiers"])

@@ -119,7 +119,7 @@ def test_bench_revisit_end_to_end_on_tiny(tmp_path):
         on, off = sorted((r for r in rows if r["zipf_a"] == zipf_a), key=lambda r: not r["expander"])
         assert on["revisit_fraction"] == off["revisit_fraction"]  # one workload for both modes
         assert on["shares"].keys() >= set(TIER_ORDER)
-        assert off["shares"]["dram"] == 0.0 and "dram" not in off["cache"]
+        assert off["shares"]["dram"] == 0.0 and off["cache"]["dram"] is None
     for r in rows:
         assert 0.0 <= r["revisit_fraction"] < 1.0 and r["ranks"] == r["requests"] > 0 and r["errors"] == 0
         assert sum(r["shares"].values()) == pytest.approx(1.0)
