@@ -84,3 +84,10 @@ def test_another_thread_reuses_memory_reserved_on_the_main_thread():
     grown = int(out.stdout.split()[0])
     assert grown < 64, f"128 MB of copies on a worker thread grew RSS by {grown} MB: not from the reservation"
 
+
+
+def test_the_package_exports_what_the_readme_promises():
+    from mindspore_relaygr import RelayEngine, RelayGRModel, load_config  # noqa: F401
+    from mindspore_relaygr.relay.engine import RelayEngine as Engine
+
+    assert RelayEngine is Engine
