@@ -187,12 +187,16 @@ class RelayConfig:
     # up to (predicted remaining + predicted miss)
     warmup: bool = True  # compile every bucket at start-up (false: on first use, e.g. in tests)
     overload_slo_factor: float | None = None  # reject (503) when queued ranking > slo_ms * factor
+    # Fraction of the ranks served from a device slot that are recomputed by full inference when the
+    # device is idle (exactness audit); a difference over 1e-5 drops the entry. 0: no audit.
+    audit_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         _require(self.miss_policy in MISS_POLICIES, "relay.miss_policy", self.miss_policy,
                  f"must be one of {MISS_POLICIES}")
         _require(self.max_online_len >= 1, "relay.max_online_len", self.max_online_len, "must be >= 1")
         _require(self.inflight_wait_ms >= 0, "relay.inflight_wait_ms", self.inflight_wait_ms, "must be >= 0")
+        _require(0.0 <= self.audit_fraction <= 1.0, "relay.audit_fraction", self.audit_fraction, "must be in [0, 1]")
         if self.overload_slo_factor is not None:
             _require(self.overload_slo_factor > 0, "relay.overload_slo_factor", self.overload_slo_factor,
                      "must be > 0")

@@ -20,7 +20,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from mindspore_relaygr.relay.trigger import REASONS
@@ -81,10 +81,13 @@ STATS_METRICS: list[tuple[str, str, str, list[tuple[tuple[str, ...], dict[str, s
     ("relaygr_wasted_prefills", "counter", "Relayed prefixes evicted before any rank used them.",
      [(("relays", "dropped_evicted"), {})]),
     ("relaygr_prefill_errors", "counter", "Prefills that failed.", [(("work", "prefill_errors"), {})]),
-    ("relaygr_audit_checks", "counter", "Device-tier ranks recomputed by full inference by the exactness audit.",
+    ("relaygr_audit_checks", "counter", "Cached ranks recomputed by full inference by the exactness audit.",
      [(("audit", "checked"), {})]),
-    ("relaygr_audit_failures", "counter", "Audited ranks whose cached scores differed from full inference.",
+    ("relaygr_audit_failures", "counter",
+     "Audited ranks whose cached scores differed from full inference by more than 1e-5 (entry dropped).",
      [(("audit", "failures"), {})]),
+    ("relaygr_audit_skipped", "counter", "Ranks sampled for the audit but not checked (audit queue full).",
+     [(("audit", "skipped"), {})]),
 ]
 
 
@@ -131,6 +134,9 @@ class EngineStatsCollector(Collector):
                     found = True
             if found:
                 yield family
+        yield HistogramMetricFamily("relaygr_audit_max_abs_diff",
+                                    "Max |cached - full| score difference of each audited rank.",
+                                    buckets=stats.audit.histogram(), sum_value=stats.audit.diff_sum)
 
 
 class ServingMetrics:

@@ -28,11 +28,13 @@ from mindspore_relaygr.cache.keys import CacheKey
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.errors import Overloaded
 from mindspore_relaygr.model.inputs import History, validate_candidates, validate_history
-from mindspore_relaygr.relay.executor import PREFILL, RANK, DeviceExecutor
+from mindspore_relaygr.relay.audit import TOLERANCE as AUDIT_TOLERANCE
+from mindspore_relaygr.relay.audit import ExactnessAudit
+from mindspore_relaygr.relay.executor import AUDIT, PREFILL, RANK, DeviceExecutor, ExecutorClosed
 from mindspore_relaygr.relay.latency import LatencyModel
 from mindspore_relaygr.relay.ledger import PENDING, PREFETCH, Relay, RelayLedger
 from mindspore_relaygr.relay.ledger import PREFILL as PREFILL_RELAY
-from mindspore_relaygr.relay.stats import AuditStats, DeviceWorkCounts, EngineStats, RankTierCounts
+from mindspore_relaygr.relay.stats import DeviceWorkCounts, EngineStats, RankTierCounts
 from mindspore_relaygr.relay.trigger import SequenceAwareTrigger
 from mindspore_relaygr.relay.types import PreinferResult, RankResult
 
@@ -76,7 +78,7 @@ class RelayEngine:
         self._queued_rank_ms = 0.0
         self.ranks = RankTierCounts()
         self.work = DeviceWorkCounts()
-        self.audit = AuditStats()
+        self.audit = ExactnessAudit(cfg.relay.audit_fraction)
         self.preinfers: Counter[str] = Counter()
         self.ready = True
 
@@ -302,7 +304,26 @@ class RelayEngine:
             scores = self.model.rank_cached(hit.slot, hit.prefix_len, hist.slice(hit.prefix_len), cands)
         finally:
             self.cache.release(hit)
+        if self.audit.sample():
+            try:
+                self.executor.submit(lambda: self._audit(hit.key, hist, cands, scores), AUDIT, label="audit")
+            except ExecutorClosed:
+                self.audit.finished(None)
         return scores, tier, False
+
+    def _audit(self, key: CacheKey, hist: History, cands: np.ndarray, cached: np.ndarray) -> None:
+        """Device thread, when idle: recompute a cached rank in full; drop the entry if they differ."""
+        try:
+            diff = float(np.max(np.abs(np.asarray(cached, np.float64) - self.model.rank_full(hist, cands))))
+        except Exception:  # noqa: BLE001 - nobody waits on an audit: log it, count it as skipped
+            logger.exception("exactness audit of %s failed", key)
+            self.audit.finished(None)
+            return
+        if self.audit.finished(diff):
+            logger.error("exactness audit: ranks from cache entry %s differ from full inference by %.3g "
+                         "(> %g); entry dropped", key, diff, AUDIT_TOLERANCE)
+            if not self.cache.drop(key, "audit"):
+                logger.error("exactness audit: could not drop %s (pinned or being written)", key)
 
     def _extend(self, hit: CacheHit, hist: History) -> CacheHit | None:
         """Compute the events after the cached prefix in its slot (a miss if there are too many)."""
@@ -379,17 +400,21 @@ class RelayEngine:
             except Exception:  # noqa: BLE001 - a failed prefill is counted, not re-raised here
                 pass
 
+    def wait_audits(self, timeout: float | None = None) -> None:
+        """Block until every exactness audit queued so far has run (audits queue in order)."""
+        self.executor.submit(lambda: None, AUDIT, label="audit_barrier").result(timeout)
+
     def stats(self) -> EngineStats:
         """A typed snapshot of the engine's counters, relays, trigger and cache tiers."""
         with self._lock:
-            ranks, work, audit = replace(self.ranks), replace(self.work), replace(self.audit)
+            ranks, work = replace(self.ranks), replace(self.work)
             preinfers = dict(self.preinfers)
         return EngineStats(instance=self.instance_id, model_version=self.model_version, ready=self.ready,
                            relay_enabled=self.config.relay.enabled, queue_depth=self.executor.depth(),
                            copy_bytes_per_s=self.copy_bytes_per_s,
                            slot_bytes=self.model.layout.slot_bytes, ranks=ranks, work=work,
                            relays=self.ledger.stats(), trigger=self.trigger.stats(), cache=self.cache.stats(),
-                           audit=audit, preinfers=preinfers, device_steps=self.executor.step_stats())
+                           audit=self.audit.stats(), preinfers=preinfers, device_steps=self.executor.step_stats())
 
     def flush(self) -> None:
         """Drop every cached prefix (device and DRAM); in-flight prefills finish normally."""

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mindspore_relaygr.cache.hierarchy import CacheTierStats
+from mindspore_relaygr.relay.audit import AuditStats
 from mindspore_relaygr.relay.ledger import LedgerStats
 from mindspore_relaygr.relay.trigger import TriggerStats
 
@@ -45,16 +46,6 @@ class DeviceWorkCounts:
     inflight_wait_timeouts: int = 0
     truncations: int = 0
     rejections: int = 0  # ranks refused as overloaded
-
-
-@dataclass(slots=True)
-class AuditStats:
-    """Continuous exactness audit of device-tier ranks (recomputed by full inference when idle)."""
-
-    checked: int = 0
-    failures: int = 0  # max |cached - full| over the tolerance: the entry was dropped
-    skipped: int = 0  # queue full or the engine busy
-    max_abs_diff: float = 0.0
 
 
 @dataclass

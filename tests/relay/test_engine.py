@@ -293,3 +293,27 @@ def test_close_leaves_no_threads_behind(model):
     eng.close()
     after = {t.name for t in threading.enumerate()}
     assert "relaygr-device-closing" not in after and after <= before | {"MainThread"}
+
+
+def test_the_audit_detects_a_corrupted_device_slot_and_drops_it(make_engine, model):
+    eng = make_engine("relay.audit_fraction=1.0")
+    h, cands = hist(40), np.arange(1, 21)
+    assert eng.preinfer("audited", h, num_candidates=20).admitted
+    eng.wait_prefills(60)
+    key = eng.cache.key_for("audited", validate_history(eng.config.model, h))
+    slot = eng.cache.manager.peek(key).slot
+
+    def corrupt():
+        copy = model.export_slot(slot)
+        copy.values[:, :, 3] += 0.5  # one token's values in every layer
+        model.import_slot(slot, copy)
+
+    eng.executor.submit(corrupt).result()
+    assert eng.rank("audited", h, cands).cache == "device"
+    eng.wait_audits(60)
+    audit = eng.stats().audit
+    assert (audit.checked, audit.failures) == (1, 1) and audit.max_abs_diff > TOL
+    assert eng.cache.locate("audited", validate_history(eng.config.model, h)) == ("miss", None)
+    res = eng.rank("audited", h, cands)
+    assert res.cache == "miss"
+    np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)

@@ -23,8 +23,9 @@ from mindspore_relaygr.cache.manager import DeviceTierStats
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.errors import Overloaded
 from mindspore_relaygr.model.inputs import History, validate_candidates, validate_history
+from mindspore_relaygr.relay.audit import AuditStats
 from mindspore_relaygr.relay.ledger import LedgerStats
-from mindspore_relaygr.relay.stats import AuditStats, DeviceWorkCounts, EngineStats, RankTierCounts
+from mindspore_relaygr.relay.stats import DeviceWorkCounts, EngineStats, RankTierCounts
 from mindspore_relaygr.relay.trigger import TriggerStats
 from mindspore_relaygr.relay.types import PreinferResult, RankResult
 

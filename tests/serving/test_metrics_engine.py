@@ -85,3 +85,22 @@ def test_per_tier_metrics_with_the_real_tiny_model():
         assert np.isfinite(engine.stats().copy_bytes_per_s)
     finally:
         engine.close()
+
+
+def test_audit_metrics_and_histogram_with_the_fake_model_engine():
+    from tests.relay.fake_model import FakeModel
+
+    cfg = load_config(CONFIGS / "tiny.yaml", [*BASE, "expander.enable_prefetch=false", "relay.audit_fraction=1.0"])
+    engine = RelayEngine(cfg, FakeModel(cfg), latency())
+    try:
+        client = create_app(cfg, engine=engine).test_client()
+        drive(client, engine)
+        engine.wait_audits(10)
+        audit = engine.stats().audit
+        assert audit.checked + audit.skipped == 6 and audit.failures == 0  # 5 device + 1 dram rank
+        text = client.get("/metrics").get_data(as_text=True)
+        assert f"relaygr_audit_checks_total {float(audit.checked)}" in text
+        assert f"relaygr_audit_max_abs_diff_count {float(audit.checked)}" in text
+        assert f'relaygr_audit_max_abs_diff_bucket{{le="1e-08"}} {float(audit.checked)}' in text
+    finally:
+        engine.close()
