@@ -4,6 +4,7 @@ the copy bandwidth, flush. Real engine, ledger, trigger and cache tiers; fake gr
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -74,8 +75,14 @@ def test_a_forged_history_under_a_users_id_neither_drops_nor_hides_their_prefix(
     assert eng.preinfer("u", mine, num_candidates=10).admitted
     assert eng.preinfer("u", forged, num_candidates=10).admitted  # someone else, under u's id
     assert eng.ledger.footprint().pending == 2
+    ranked = []
+    ranker = threading.Thread(target=lambda: ranked.append(eng.rank("u", mine, CANDS)))
+    ranker.start()
+    while not eng.stats().work.inflight_boosts and ranker.is_alive():  # the rank found u's prefill pending
+        time.sleep(0.001)
     gate.set()
-    res = eng.rank("u", mine, CANDS)
+    ranker.join(10)
+    res = ranked[0]
     assert res.cache == "inflight"  # waited for u's own prefill, not the forged one
     assert eng.rank("u", mine, CANDS).cache == "device"
     np.testing.assert_array_equal(res.scores, eng.model.rank_full(mine, CANDS))
