@@ -103,7 +103,11 @@ class CacheConfig:
     pool_bytes: float | None = None  # device byte budget of the pool (used when num_slots is null)
     max_prefix_len: int = 256  # tokens one slot holds (user token included); one of len_buckets
     lifetime_ms: float = 5000.0  # a relayed prefix is kept at least this long for its rank
-    max_extend_len: int = 64  # a history that grew by more events than this is recomputed
+    # A history that extends a cached prefix (device or DRAM) by more events than the rank's suffix
+    # holds computes only those events against the cached prefix (at pre-infer time, or in the rank),
+    # in chunks of trigger.prefill_chunk_len, while the latency model predicts that to beat a fresh
+    # prefill; false: such a history is prefilled afresh (pre-infer) or misses (rank).
+    enable_extension: bool = True
 
     def __post_init__(self) -> None:
         _require(self.num_slots is not None or self.pool_bytes is not None, "cache.num_slots",
@@ -114,8 +118,6 @@ class CacheConfig:
             _require(self.pool_bytes > 0, "cache.pool_bytes", self.pool_bytes, "must be > 0")
         _require(self.max_prefix_len > 0, "cache.max_prefix_len", self.max_prefix_len, "must be > 0")
         _require(self.lifetime_ms > 0, "cache.lifetime_ms", self.lifetime_ms, "must be > 0")
-        _require(self.max_extend_len >= 0, "cache.max_extend_len", self.max_extend_len,
-                 "must be >= 0")
 
 
 SPILL_POLICIES = ("always", "used", "never")

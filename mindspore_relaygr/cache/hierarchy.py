@@ -188,27 +188,47 @@ class RelayCache:
 
     def extend_steps(self, hit: CacheHit, history: History, chunk_len: int) -> Generator[None, None, CacheHit | None]:
         """Compute the events of `history` after the pinned `hit` in its slot, `chunk_len` events per
-        step, and re-key the entry to the whole `history`; the hit stays pinned. None (hit released)
-        when the history does not fit the slot or is already cached under its own key."""
+        step (yielding after each), and re-key the entry to the whole `history`; the hit stays pinned.
+        None (hit released) when the history does not fit the slot or is already cached under its own key."""
         new_key = self.key_for(hit.key.user_id, history)
         if len(history) > self.max_prefix_len or self.manager.peek(new_key) is not None:
             self.release(hit)
             return None
-        start = hit.prefix_len
-        while start < len(history):
-            end = min(len(history), start + chunk_len)
-            try:
-                self.store.prefill(hit.slot, history.slice(0, end), start=start)
-            except BaseException:
-                self.release(hit)
-                raise
-            start = end
-            if start < len(history):
-                yield
+        try:
+            yield from self.extension_chunks(hit.slot, history, hit.prefix_len, chunk_len)
+        except BaseException:
+            self.release(hit)
+            raise
         self.manager.rekey(hit.key, new_key)
-        self.extended_tokens += len(history) - hit.prefix_len
         self._supersede(new_key, history)
         return CacheHit("partial", new_key, hit.slot, len(history))
+
+    def reopen(self, key: CacheKey, history: History) -> SlotLease | None:
+        """Turn the unpinned READY device entry of `key` (a prefix of `history`) into a reservation of
+        the whole `history`, to extend it over several device steps (`extension_chunks`, then
+        `commit` or `abort`). None when the history does not fit a slot, is cached already, or the
+        entry is gone, pinned or not READY."""
+        new_key = self.key_for(key.user_id, history)
+        lease = self.manager.peek(key)
+        if (len(history) > self.max_prefix_len or self.manager.peek(new_key) is not None or lease is None
+                or lease.state is not EntryState.READY or not self.matches(key, history)):
+            return None
+        try:
+            return self.manager.reopen(key, new_key)
+        except ValueError:  # pinned
+            return None
+
+    def extension_chunks(self, slot: int, history: History, start: int, chunk_len: int) -> Iterator[None]:
+        """Compute events [start, n) of `history` into `slot` (which holds [0, start)), `chunk_len` per
+        graph call, yielding after each."""
+        if chunk_len < 1:
+            raise ValueError(f"chunk_len={chunk_len!r}: must be >= 1")
+        while start < len(history):
+            end = min(len(history), start + chunk_len)
+            self.store.prefill(slot, history.slice(0, end), start=start)
+            self.extended_tokens += end - start
+            start = end
+            yield
 
     # ----------------------------------------------------------------- device thread: admin
     def flush(self) -> None:

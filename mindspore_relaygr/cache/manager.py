@@ -187,10 +187,7 @@ class KVCacheManager:
 
     def rekey(self, old_key: CacheKey, new_key: CacheKey) -> SlotLease:
         """The READY entry of `old_key` was extended in place and now caches `new_key`'s prefix."""
-        if (old_key.user_id, old_key.model_version) != (new_key.user_id, new_key.model_version) \
-                or new_key.prefix_len <= old_key.prefix_len:
-            raise ValueError(f"cannot rekey {old_key} to {new_key}: need the same user and version "
-                             f"and a longer prefix")
+        self._check_extension("rekey", old_key, new_key)
         with self._lock:
             entry = self._get(old_key, EntryState.READY, "rekey")
             if new_key in self._entries:
@@ -201,6 +198,30 @@ class KVCacheManager:
             entry.last_use = self._clock()
             self._add(entry)
             return entry.lease()
+
+    def reopen(self, old_key: CacheKey, new_key: CacheKey) -> SlotLease:
+        """The unpinned READY entry of `old_key` is about to be extended in place over several device
+        steps: it becomes RESERVED under `new_key` (never evicted or used meanwhile); `mark_ready` or
+        `abort` it like a new prefill."""
+        self._check_extension("reopen", old_key, new_key)
+        with self._lock:
+            entry = self._get(old_key, EntryState.READY, "reopen")
+            if entry.pins:
+                raise ValueError(f"cannot reopen {old_key}: pinned {entry.pins} times")
+            if new_key in self._entries:
+                raise ValueError(f"cannot reopen {old_key}: {new_key} is already cached "
+                                 f"(state {self._entries[new_key].state.name})")
+            self._drop(entry)
+            entry.key, entry.state, entry.last_use = new_key, EntryState.RESERVED, self._clock()
+            self._add(entry)
+            return entry.lease()
+
+    @staticmethod
+    def _check_extension(action: str, old_key: CacheKey, new_key: CacheKey) -> None:
+        if (old_key.user_id, old_key.model_version) != (new_key.user_id, new_key.model_version) \
+                or new_key.prefix_len <= old_key.prefix_len:
+            raise ValueError(f"cannot {action} {old_key} to {new_key}: need the same user and version "
+                             f"and a longer prefix")
 
     def pin(self, key: CacheKey) -> None:
         """Protect a READY entry from eviction until the matching `unpin`."""

@@ -32,7 +32,7 @@ from mindspore_relaygr.relay.audit import TOLERANCE as AUDIT_TOLERANCE
 from mindspore_relaygr.relay.audit import ExactnessAudit
 from mindspore_relaygr.relay.executor import AUDIT, PREFILL, RANK, DeviceExecutor, ExecutorClosed
 from mindspore_relaygr.relay.latency import LatencyModel
-from mindspore_relaygr.relay.ledger import PENDING, PREFETCH, Relay, RelayLedger
+from mindspore_relaygr.relay.ledger import EXTEND, PENDING, PREFETCH, Relay, RelayLedger
 from mindspore_relaygr.relay.ledger import PREFILL as PREFILL_RELAY
 from mindspore_relaygr.relay.stats import DeviceWorkCounts, EngineStats, RankTierCounts
 from mindspore_relaygr.relay.trigger import SequenceAwareTrigger
@@ -45,7 +45,7 @@ def engine_chunk_bucket(model: Any, config: RelayGRConfig) -> int:
     """Largest prefix-graph chunk the engine uses: a prefill chunk or an incremental extension."""
     from mindspore_relaygr.model.inputs import bucket_for
 
-    chunk = max(config.trigger.prefill_chunk_len, config.cache.max_extend_len)
+    chunk = config.trigger.prefill_chunk_len
     return bucket_for(min(chunk, model.prefix_buckets[-1]), model.prefix_buckets, "chunk")
 
 
@@ -56,7 +56,6 @@ class RelayEngine:
         self.config, self.model, self.latency, self.instance_id = config, model, latency, instance_id
         cfg = config
         self._user_tokens = 1 if cfg.model.user_feature_sizes else 0
-        self._max_uncached_events = max(cfg.model.max_suffix_len, cfg.cache.max_extend_len)
         self.executor = DeviceExecutor(name=f"relaygr-device-{instance_id}")
         manager = KVCacheManager(model.num_slots, model.layout.slot_bytes, cfg.cache.lifetime_ms)
         expander = None
@@ -130,15 +129,19 @@ class RelayEngine:
         key = self.cache.key_for(user_id, hist)
         tier, found = self.cache.locate(user_id, hist)
         # A cached (or running) prefix of this history serves it when the events since fit in the
-        # suffix (or an extension) of the rank: no new prefill for a returning user whose history grew.
-        usable = found is not None and len(hist) - found.prefix_len <= self._max_uncached_events
+        # rank's suffix: no new work for a returning user whose history grew a little. When they do
+        # not, a cached prefix is extended by just those events if that beats a fresh prefill.
+        usable = found is not None and len(hist) - found.prefix_len <= self.config.model.max_suffix_len
+        extend = (not usable and found is not None and tier in ("device", "dram")
+                  and self._extension_pays(found, tier, len(hist)))
         num_candidates = num_candidates or self.config.model.max_candidates
         with self.ledger.lock:
-            relays = [self.ledger.get(key)] + ([self.ledger.get(found)] if usable else [])
+            relays = [self.ledger.get(key)] + ([self.ledger.get(found)] if usable or extend else [])
             inflight = any(r is not None and r.state in PENDING for r in relays) or (tier == "inflight" and usable)
             cached = tier in ("device", "dram") and usable
             decision = self.trigger.decide(len(hist) + self._user_tokens, num_candidates, self.ledger.footprint(),
-                                           cached, inflight)
+                                           cached, inflight,
+                                           extension_tokens=len(hist) - found.prefix_len if extend else None)
             if (decision.reason == "already_cached" and tier == "dram" and self.config.expander.enable_prefetch
                     and self.ledger.get(found) is None):
                 # Reload now, in the background: at rank time the copy would sit on the rank's path.
@@ -146,7 +149,11 @@ class RelayEngine:
                 relay = self.ledger.admit(user_id, found, PREFETCH, self._predicted_copy_ms(found),
                                           self.config.cache.lifetime_ms)
                 self._submit(relay, self._promote_steps(relay), "dram_prefetch")
-            if decision.admitted:
+            if decision.admitted and extend:
+                relay = self.ledger.admit(user_id, key, EXTEND, self._predicted_extension_ms(found, tier, len(hist)),
+                                          self.config.cache.lifetime_ms)
+                self._submit(relay, self._extension_steps(relay, found, hist), "extend_chunk")
+            elif decision.admitted:
                 chunk_ms = self.latency.predict_prefill_chunks_ms(len(hist) + self._user_tokens,
                                                                   self.config.trigger.prefill_chunk_len)
                 relay = self.ledger.admit(user_id, key, PREFILL_RELAY, chunk_ms, self.config.cache.lifetime_ms)
@@ -195,6 +202,59 @@ class RelayEngine:
         self.cache.commit(lease, hist)
         self.ledger.ready(relay.key)
         self.work.prefills += 1
+
+    def _extension_steps(self, relay: Relay, found: CacheKey, hist: History) -> Iterator[Any]:
+        """Device thread: extend the user's cached prefix `found` (brought back from DRAM first if it
+        is only there) by the events since, in chunks, in its own slot; ranks run between chunks."""
+        self.ledger.start(relay.key)
+        if self.cache.manager.peek(found) is None:
+            steps = self.cache.promote_steps(found)
+            while True:
+                try:
+                    done = next(steps)
+                except StopIteration as stop:
+                    promoted = stop.value
+                    break
+                if done is not SPILLED:
+                    self.ledger.step_done(relay.key)
+                yield done
+            if not promoted:
+                self.ledger.drop(relay.key, "no_slot")
+                self.work.prefill_no_slot += 1
+                return
+        lease = self.cache.reopen(found, hist)
+        if lease is None:  # evicted, pinned or superseded meanwhile
+            self.ledger.drop(relay.key, "no_slot")
+            self.work.prefill_no_slot += 1
+            return
+        self.ledger.on_evicted(found, superseded=True)  # a READY relay of the shorter prefix, never used
+        try:
+            for _ in self.cache.extension_chunks(lease.slot, hist, found.prefix_len,
+                                                 self.config.trigger.prefill_chunk_len):
+                self.work.extension_chunks += 1
+                self.ledger.step_done(relay.key)
+                yield
+        except BaseException:
+            self.cache.abort(lease)
+            raise
+        self.cache.commit(lease, hist)
+        self.ledger.ready(relay.key)
+        self.work.extensions += 1
+
+    def _extension_pays(self, found: CacheKey, tier: str, num_events: int) -> bool:
+        """Extending `found` (on the device, or in DRAM: plus the copy back) to `num_events` is enabled,
+        fits a slot and is predicted to beat a fresh prefill of all of them."""
+        if not self.config.cache.enable_extension or num_events > self.cache.max_prefix_len:
+            return False
+        cost = sum(self._predicted_extension_ms(found, tier, num_events))
+        return cost < self.latency.predict_prefill_ms(num_events + self._user_tokens)
+
+    def _predicted_extension_ms(self, found: CacheKey, tier: str, num_events: int) -> list[float]:
+        """Predicted cost of each step of extending `found` to `num_events`: copied layers, then chunks."""
+        copy = self._predicted_copy_ms(found) if tier == "dram" else []
+        return copy + self.latency.predict_extend_chunks_ms(found.prefix_len + self._user_tokens,
+                                                            num_events - found.prefix_len,
+                                                            self.config.trigger.prefill_chunk_len)
 
     def _promote_steps(self, relay: Relay) -> Iterator[Any]:
         """Device thread: bring the user's DRAM copy back to a slot before their rank arrives, one
@@ -296,7 +356,7 @@ class RelayEngine:
         self.ledger.consume(hit.key)
         tier = "inflight" if waited and hit.tier == "device" else hit.tier
         if len(hist) - hit.prefix_len > self.config.model.max_suffix_len:
-            hit = self._extend(hit, hist)
+            hit = self._extend(hit, hist, cands)
             if hit is None:
                 return self._rank_miss(hist, cands)
             tier = "partial"
@@ -325,17 +385,25 @@ class RelayEngine:
             if not self.cache.drop(key, "audit"):
                 logger.error("exactness audit: could not drop %s (pinned or being written)", key)
 
-    def _extend(self, hit: CacheHit, hist: History) -> CacheHit | None:
-        """Compute the events after the cached prefix in its slot (a miss if there are too many)."""
-        if len(hist) - hit.prefix_len > self.config.cache.max_extend_len:
+    def _extend(self, hit: CacheHit, hist: History, cands: np.ndarray) -> CacheHit | None:
+        """Compute the events after the cached prefix in its slot, in chunks, when that and the rank
+        are predicted to beat a miss; else release the hit and return None (a miss)."""
+        # Extended to the whole history, the rank's suffix graph then runs on no events.
+        ranked = self.latency.predict_relay_ms(len(hist) + self._user_tokens, 0, len(cands))
+        cost = sum(self._predicted_extension_ms(hit.key, "device", len(hist))) + ranked
+        if (not self.config.cache.enable_extension or len(hist) > self.cache.max_prefix_len
+                or cost >= self._predicted_miss_ms(hist, cands)):
             self.cache.release(hit)
             return None
-        steps = self.cache.extend_steps(hit, hist, max(1, self.config.cache.max_extend_len))
+        steps = self.cache.extend_steps(hit, hist, self.config.trigger.prefill_chunk_len)
         while True:
             try:
                 next(steps)
             except StopIteration as stop:
+                if stop.value is not None:
+                    self.work.extensions += 1
                 return stop.value
+            self.work.extension_chunks += 1
 
     def _rank_miss(self, hist: History, cands: np.ndarray):
         return self._rank_truncated(hist, cands, self._miss_events(hist, cands), "miss")

@@ -1,7 +1,8 @@
 """RelayLedger: the one owner of every relayed prefix's lifecycle on an instance.
 
 A relay is device work that makes one cache key ready for a coming rank: a prefill admitted by the
-trigger, or a DRAM copy brought back ahead of its rank (a prefetch). Its states:
+trigger, an extension of the user's cached shorter prefix by the events since (in its own slot), or
+a DRAM copy brought back ahead of its rank (a prefetch). Its states:
 
     ADMITTED -> PREFILLING -> READY -> CONSUMED
          \\__________\\__________\\____-> DROPPED
@@ -23,7 +24,8 @@ from dataclasses import dataclass, field
 
 from mindspore_relaygr.cache.keys import CacheKey
 
-PREFILL, PREFETCH = "prefill", "prefetch"  # relay kinds; only prefills count in the trigger's footprint
+PREFILL, PREFETCH, EXTEND = "prefill", "prefetch", "extend"  # relay kinds; only prefills take a new slot,
+KINDS = (PREFILL, PREFETCH, EXTEND)  # so only they count in the trigger's footprint
 DROP_REASONS = ("no_slot", "failed", "evicted", "superseded")
 
 
@@ -50,7 +52,7 @@ class Relay:
 
     user_id: str
     key: CacheKey
-    kind: str  # PREFILL | PREFETCH
+    kind: str  # one of KINDS
     step_ms: list[float]  # predicted cost of each chunk (or copied layer)
     deadline: float  # clock time after which a waiting rank stops counting on it
     state: RelayState = RelayState.ADMITTED
@@ -96,8 +98,8 @@ class RelayLedger:
     # ---- transitions ----
     def admit(self, user_id: str, key: CacheKey, kind: str, step_ms: list[float], lifetime_ms: float) -> Relay:
         """A new relay of `key` (ADMITTED); `key` must not have a live relay."""
-        if kind not in (PREFILL, PREFETCH):
-            raise ValueError(f"kind={kind!r}: must be {PREFILL!r} or {PREFETCH!r}")
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r}: must be one of {KINDS}")
         if key.user_id != user_id:
             raise ValueError(f"key {key} does not belong to user {user_id!r}")
         with self.lock:

@@ -41,6 +41,7 @@ class DeviceWorkCounts:
     prefill_errors: int = 0
     prefill_no_slot: int = 0
     dram_prefetches: int = 0  # DRAM copies reloaded at pre-infer time
+    extensions: int = 0  # cached prefixes extended by the events since (pre-infer relays and ranks)
     extension_chunks: int = 0
     inflight_boosts: int = 0
     inflight_wait_timeouts: int = 0

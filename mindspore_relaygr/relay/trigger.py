@@ -78,22 +78,27 @@ class SequenceAwareTrigger:
         self._counts = dict.fromkeys(REASONS, 0)
 
     def decide(self, prefix_len: int, num_candidates: int, footprint: Footprint,
-               already_cached: bool = False, inflight: bool = False) -> TriggerDecision:
+               already_cached: bool = False, inflight: bool = False,
+               extension_tokens: int | None = None) -> TriggerDecision:
         """Admit or refuse a pre-infer of `prefix_len` tokens given the relays now in flight; an
-        admission debits the token bucket (the caller records the relay in the ledger)."""
+        admission debits the token bucket (the caller records the relay in the ledger).
+        `extension_tokens`: the relay extends a cached prefix by only these tokens in its own slot, so
+        it needs no new slot (no footprint check) and costs only them in the bucket."""
         predicted = self.latency.predict_full_ms(prefix_len, num_candidates)  # validates both
+        work = prefix_len if extension_tokens is None else extension_tokens
         with self._lock:
-            reason = self._reason(prefix_len, predicted, footprint, already_cached, inflight)
+            reason = self._reason(prefix_len, work, predicted, footprint, already_cached, inflight,
+                                  new_slot=extension_tokens is None)
             self._counts[reason] += 1
             if reason == "admitted":
-                self._tokens -= prefix_len
+                self._tokens -= work
         logger.debug(
             "trigger prefix_len=%d candidates=%d predicted=%.2fms: %s", prefix_len, num_candidates, predicted, reason
         )
         return TriggerDecision(reason == "admitted", reason, predicted)
 
-    def _reason(self, prefix_len: int, predicted_ms: float, footprint: Footprint, already_cached: bool,
-                inflight: bool) -> str:
+    def _reason(self, prefix_len: int, work: int, predicted_ms: float, footprint: Footprint,
+                already_cached: bool, inflight: bool, new_slot: bool) -> str:
         if already_cached:
             return "already_cached"
         if inflight:
@@ -101,14 +106,14 @@ class SequenceAwareTrigger:
         if prefix_len < self.cfg.min_prefix_len or predicted_ms <= self.budget_ms:
             return "not_at_risk"
         max_bytes = self.cfg.max_inflight_bytes
-        if footprint.inflight + 1 > self.max_inflight_slots or (
+        if new_slot and (footprint.inflight + 1 > self.max_inflight_slots or (
             max_bytes is not None and (footprint.inflight + 1) * self.slot_bytes > max_bytes
-        ):
+        )):
             return "footprint"
         self._refill()
         if footprint.pending >= self.cfg.max_queued_prefills:
             return "load"
-        if self._tokens < min(prefix_len, self.cfg.prefill_burst_tokens):
+        if self._tokens < min(work, self.cfg.prefill_burst_tokens):
             return "load"
         return "admitted"
 

@@ -33,7 +33,7 @@ def grow(h: History, rng: np.random.Generator, k: int) -> History:
                    np.r_[h.timestamps, h.timestamps[-1] + np.arange(1, k + 1)], h.user_features)
 
 
-MAX_SUFFIX, MAX_EXTEND = 4, 10
+MAX_SUFFIX, MAX_EXTEND = 4, 10  # the engine's policy stand-in (it decides by the latency model)
 
 
 def build(num_slots=2, dram=True, spill_policy="always", clock=None, **kw):
@@ -113,13 +113,13 @@ def test_partial_hit_extends_only_the_new_events_and_rekeys():
     rng = np.random.default_rng(1)
     h = make_history(rng, 20)
     prefill(cache, "u", h)
-    longer = grow(h, rng, 8)  # more than max_suffix_len (4), within max_extend_len (10)
+    longer = grow(h, rng, 8)  # more than MAX_SUFFIX (4), within MAX_EXTEND (10)
     scores, tier = rank(cache, "u", longer, [7])
     assert tier == "partial" and np.array_equal(scores, store.rank_full(longer, [7]))
     assert cache.extended_tokens == 8
     assert rank(cache, "u", longer, [7])[1] == "device"  # the entry now caches the longer prefix
     too_long = grow(longer, rng, 11)
-    assert rank(cache, "u", too_long, [7]) is None  # beyond max_extend_len: recompute
+    assert rank(cache, "u", too_long, [7]) is None  # beyond MAX_EXTEND: recompute
 
 
 def test_eviction_spills_and_a_later_rank_reloads_into_a_free_slot():

@@ -40,9 +40,12 @@ def make_cache(model, clock=None):
                       max_prefix_len=model.layout.slot_len - 1)
 
 
+EXTEND_CHUNK = 32  # the engine's policy stand-in: extend up to this many new events, in one chunk
+
+
 def rank(cache, user, h, cands):
     cfg = cache.store.config
-    return cached_rank(cache, user, h, cands, cfg.model.max_suffix_len, cfg.cache.max_extend_len)
+    return cached_rank(cache, user, h, cands, cfg.model.max_suffix_len, max_extend=EXTEND_CHUNK)
 
 
 def hist(rng, n, feats=(1, 2)):

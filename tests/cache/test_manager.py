@@ -269,3 +269,22 @@ class ManagerMachine(RuleBasedStateMachine):
 
 ManagerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 test_manager_state_machine = ManagerMachine.TestCase
+
+
+def test_reopen_turns_a_ready_entry_into_a_reservation_of_its_longer_prefix():
+    mgr, _, evictions = make(num_slots=1)
+    h = History(np.arange(1, 13), np.zeros(12, np.int64), np.arange(12))
+    short, longer = CacheKey.for_history("u", "v1", h, 6), CacheKey.for_history("u", "v1", h, 12)
+    mgr.allocate(short)
+    mgr.mark_ready(short)
+    mgr.pin(short)
+    with pytest.raises(ValueError, match="cannot reopen .* pinned 1 times"):
+        mgr.reopen(short, longer)
+    mgr.unpin(short)
+    with pytest.raises(ValueError, match="cannot reopen"):
+        mgr.reopen(short, CacheKey.for_history("u", "v1", h, 4))  # not longer
+    assert mgr.reopen(short, longer) == SlotLease(longer, 0, EntryState.RESERVED, 12)
+    assert mgr.peek(short) is None and mgr.keys_of("u") == [longer]
+    assert mgr.allocate(CacheKey.for_history("w", "v1", h, 3)) is None  # a reservation is never evicted
+    mgr.mark_ready(longer)
+    assert mgr.lookup(longer).slot == 0 and evictions == []

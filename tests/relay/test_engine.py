@@ -54,6 +54,10 @@ def hist(seed, n=100):
     return random_history(np.random.default_rng(seed), n, user_features=[1, 2])
 
 
+def first_of(h, n):
+    return {k: (v if k == "user_features" else v[:n]) for k, v in h.items()}
+
+
 def expected(model, engine, h, cands):
     """Reference scores computed on the engine's device thread (never two MindSpore callers at once)."""
     return engine.executor.submit(lambda: model.rank_full(h, cands)).result()
@@ -156,9 +160,22 @@ def test_a_returning_user_whose_history_grew_reuses_the_cached_prefix(make_engin
     res = eng.rank("u6", first(66), cands)
     assert res.cache == "device" and eng.stats().work.prefills == 1
     np.testing.assert_allclose(res.scores, expected(model, eng, first(66), cands), atol=TOL, rtol=0)
-    limit = max(model.config.model.max_suffix_len, model.config.cache.max_extend_len)
-    assert 60 + limit + 1 <= len(full["item_ids"])
-    assert eng.preinfer("u6", first(60 + limit + 1), num_candidates=10).reason != "already_cached"
+    # 66 new events, more than the 16-event suffix: the 60-event prefix is extended in its slot by
+    # just those (3 chunks of 32), not prefilled afresh (defect 6).
+    assert eng.preinfer("u6", full, num_candidates=10).admitted
+    eng.wait_prefills(60)
+    work = eng.stats().work
+    assert (work.prefills, work.extensions, work.extension_chunks) == (1, 1, 3)
+    res = eng.rank("u6", full, cands)
+    assert res.cache == "device"
+    np.testing.assert_allclose(res.scores, expected(model, eng, full, cands), atol=TOL, rtol=0)
+    # A rank whose history grew past the suffix without a pre-infer extends in the rank (partial).
+    more = hist(6, 126)
+    assert eng.preinfer("u7", first_of(more, 40), num_candidates=10).admitted
+    eng.wait_prefills(60)
+    res = eng.rank("u7", more, cands)
+    assert res.cache == "partial"
+    np.testing.assert_allclose(res.scores, expected(model, eng, more, cands), atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("prefetch", [True, False])

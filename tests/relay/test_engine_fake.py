@@ -45,6 +45,11 @@ def hist(seed, n=60):
     return random_history(np.random.default_rng(seed), n, user_features=[1, 2])
 
 
+def first(h, n):
+    """The first n events of history h (the user's features kept)."""
+    return {k: (v if k == "user_features" else v[:n]) for k, v in h.items()}
+
+
 def relay(eng, user, h):
     assert eng.preinfer(user, h, num_candidates=10).admitted
     eng.wait_prefills(10)
@@ -90,11 +95,11 @@ def test_a_forged_history_under_a_users_id_neither_drops_nor_hides_their_prefix(
 
 
 def test_a_longer_history_of_the_same_user_supersedes_the_prefix_it_extends(make_engine):
-    eng = make_engine()
+    eng = make_engine("cache.enable_extension=false")
     full = hist(3, 110)
-    short = {k: (v if k == "user_features" else v[:40]) for k, v in full.items()}
+    short = first(full, 40)
     relay(eng, "u", short)
-    relay(eng, "u", full)  # 70 more events: a new relay
+    relay(eng, "u", full)  # 70 more events: a new prefill
     stats = eng.stats()
     assert stats.cache.superseded == 1 and stats.relays.dropped_superseded == 1
     assert stats.cache.device.num_ready == 1 and stats.cache.dram.num_entries == 0
@@ -150,3 +155,100 @@ def test_flush_empties_both_tiers(make_engine):
     eng.flush()
     stats = eng.stats()
     assert stats.cache.dram.num_entries == 0 and stats.cache.device.num_ready == 0
+
+
+# ---------------------------------------------------------------- extension across requests (defect 6)
+
+
+def test_a_preinfer_whose_history_grew_extends_the_resident_prefix_by_only_the_new_events(make_engine):
+    """Defect 6: a history grown by more than the suffix was prefilled afresh (all 100 events again)."""
+    eng = make_engine()
+    full = hist(20, 100)
+    relay(eng, "u", first(full, 40))
+    assert eng.rank("u", first(full, 40), CANDS).cache == "device"
+    before = eng.model.events_computed
+    decision = eng.preinfer("u", full, num_candidates=10)  # 60 new events > the 16-event suffix
+    assert decision.admitted
+    eng.wait_prefills(10)
+    assert eng.model.events_computed - before == 60
+    stats = eng.stats()
+    assert (stats.work.prefills, stats.work.extensions, stats.work.extension_chunks) == (1, 1, 2)  # 32 + 28
+    assert stats.cache.extended_tokens == 60 and stats.cache.device.num_ready == 1
+    res = eng.rank("u", full, CANDS)
+    assert res.cache == "device"
+    np.testing.assert_array_equal(res.scores, eng.model.rank_full(full, CANDS))
+    assert eng.stats().relays.consumed == 2
+
+
+def test_a_dram_prefix_is_brought_back_and_extended(make_engine):
+    eng = make_engine("expander.enable_prefetch=false")
+    grown = hist(21, 90)
+    relay(eng, "u", first(grown, 50))
+    eng.rank("u", first(grown, 50), CANDS)
+    for i in range(4):  # four other users push u's slot to DRAM
+        relay(eng, f"o{i}", hist(30 + i))
+    assert eng.cache.locate("u", validate(eng, first(grown, 50)))[0] == "dram"
+    before = eng.model.events_computed
+    assert eng.preinfer("u", grown, num_candidates=10).admitted
+    eng.wait_prefills(10)
+    assert eng.model.events_computed - before == 40
+    assert eng.stats().work.extensions == 1 and eng.stats().cache.dram.reloads == 1
+    res = eng.rank("u", grown, CANDS)
+    assert res.cache == "device"
+    np.testing.assert_array_equal(res.scores, eng.model.rank_full(grown, CANDS))
+
+
+def test_a_rank_whose_history_grew_extends_in_place_when_that_beats_a_miss(make_engine):
+    eng = make_engine()
+    full = hist(22, 100)
+    relay(eng, "u", first(full, 30))
+    before = eng.model.events_computed
+    res = eng.rank("u", full, CANDS)  # no pre-infer of the grown history
+    assert res.cache == "partial" and eng.model.events_computed - before == 70
+    np.testing.assert_array_equal(res.scores, eng.model.rank_full(full, CANDS))
+    assert (eng.stats().work.extensions, eng.stats().work.extension_chunks) == (1, 3)
+    assert eng.rank("u", full, CANDS).cache == "device"
+
+
+def test_without_extension_a_grown_history_is_prefilled_afresh_or_missed(make_engine):
+    eng = make_engine("cache.enable_extension=false")
+    full = hist(23, 100)
+    relay(eng, "u", first(full, 30))
+    assert eng.rank("u", full, CANDS).cache == "miss"
+    before = eng.model.events_computed
+    relay(eng, "u", full)
+    assert eng.model.events_computed - before == 100 and eng.stats().work.extensions == 0
+
+
+def test_a_fresh_prefill_is_chosen_when_the_copy_back_costs_more(make_engine, monkeypatch):
+    monkeypatch.setattr(calibrate, "measure_copy_bytes_per_s", lambda model, chunk: 1.0)  # 1 byte/s
+    eng = make_engine("expander.copy_bytes_per_s=null", "expander.enable_prefetch=false")
+    grown = hist(24, 90)
+    relay(eng, "u", first(grown, 50))
+    eng.rank("u", first(grown, 50), CANDS)
+    for i in range(4):
+        relay(eng, f"o{i}", hist(40 + i))
+        eng.rank(f"o{i}", hist(40 + i), CANDS)  # consumed: the trigger's footprint stays small
+    assert eng.cache.locate("u", validate(eng, grown))[0] == "dram"
+    before = eng.model.events_computed
+    relay(eng, "u", grown)
+    assert eng.model.events_computed - before == 90 and eng.stats().work.extensions == 0
+
+
+def test_a_rank_during_an_extension_waits_for_it(make_engine):
+    eng = make_engine("relay.inflight_wait_ms=5000")
+    full = hist(25, 100)
+    relay(eng, "u", first(full, 40))
+    gate = threading.Event()
+    eng.executor.submit(lambda: gate.wait(10))
+    assert eng.preinfer("u", full, num_candidates=10).admitted  # the extension is queued behind the gate
+    assert eng.cache.locate("u", validate(eng, full))[0] == "device"  # still the 40-event prefix
+    ranked = []
+    ranker = threading.Thread(target=lambda: ranked.append(eng.rank("u", full, CANDS)))
+    ranker.start()
+    while not eng.stats().work.inflight_boosts and ranker.is_alive():
+        time.sleep(0.001)
+    gate.set()
+    ranker.join(10)
+    assert ranked[0].cache == "inflight" and eng.stats().work.extensions == 1
+    np.testing.assert_array_equal(ranked[0].scores, eng.model.rank_full(full, CANDS))

@@ -276,3 +276,12 @@ def test_concurrent_deciders_never_overshoot():
         t.join()
     assert results.count("admitted") == 7 and results.count("footprint") == 8 * 50 - 7
     assert trig.counts()["admitted"] == 7
+
+
+def test_an_extension_needs_no_new_slot_and_costs_only_its_tokens():
+    trig = make(num_slots=1, prefill_burst_tokens=1000, max_prefill_tokens_per_s=1.0)
+    assert trig.decide(AT_RISK, 16).reason == "admitted"  # the pool's one slot, 656 tokens from the bucket
+    assert trig.decide(AT_RISK, 16).reason == "footprint"
+    ext = trig.trigger.decide(AT_RISK, 16, trig.ledger.footprint(), extension_tokens=300)
+    assert ext.reason == "admitted" and trig.trigger.stats().bucket_tokens == pytest.approx(44.0, abs=0.01)
+    assert trig.trigger.decide(AT_RISK, 16, trig.ledger.footprint(), extension_tokens=300).reason == "load"
