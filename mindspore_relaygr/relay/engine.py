@@ -191,8 +191,11 @@ class RelayEngine:
         try:
             if self.cache.spills != spills:
                 yield SPILLED
+            done = 0
             for cached in self.model.prefill_steps(lease.slot, hist, self.config.trigger.prefill_chunk_len):
                 self.work.prefill_chunks += 1
+                self.work.prefill_events += cached - done
+                done = cached
                 self.ledger.step_done(relay.key)
                 if cached < len(hist):
                     yield

@@ -38,6 +38,7 @@ class DeviceWorkCounts:
 
     prefills: int = 0  # completed
     prefill_chunks: int = 0
+    prefill_events: int = 0  # events computed by prefills (extensions: cache.extended_tokens)
     prefill_errors: int = 0
     prefill_no_slot: int = 0
     dram_prefetches: int = 0  # DRAM copies reloaded at pre-infer time
@@ -78,11 +79,12 @@ class EngineStats:
 
     def counters(self) -> dict[str, int]:
         """Flat monotonic counters for diffing around a benchmark run: the work counts, `rank_<tier>`,
-        `preinfer_<reason>` and `wasted_prefills`."""
+        `preinfer_<reason>`, `wasted_prefills` and `extended_events` (events computed by extensions)."""
         out = {k: v for k, v in asdict(self.work).items()}
         out.update({f"rank_{k}": v for k, v in asdict(self.ranks).items()})
         out.update({f"preinfer_{k}": v for k, v in self.preinfers.items()})
         out["wasted_prefills"] = self.relays.dropped_evicted
+        out["extended_events"] = self.cache.extended_tokens
         return out
 
     def to_dict(self) -> dict[str, Any]:
