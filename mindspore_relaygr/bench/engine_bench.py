@@ -42,6 +42,7 @@ def run_one(engine: Any, workload: Workload, relay: bool, time_limit_s: float | 
     call_stats = getattr(engine.model, "call_stats", None)
     if call_stats is not None:
         call_stats.reset()
+    engine.executor.reset_stats()  # start-up work (e.g. measuring the copy bandwidth) is not the run's
     outcomes = run_open_loop(workload, preinfer if relay else None, rank, time_limit_s=time_limit_s)
     engine.wait_prefills(600)
     summary = summarize(outcomes, workload.spec.qps)
