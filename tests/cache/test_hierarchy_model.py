@@ -40,7 +40,7 @@ def make_cache(model, clock=None):
                       max_prefix_len=model.layout.slot_len - 1)
 
 
-EXTEND_CHUNK = 32  # the engine's policy stand-in: extend up to this many new events, in one chunk
+EXTEND_CHUNK = 64  # the engine's policy stand-in: extend up to this many new events, in one chunk
 
 
 def rank(cache, user, h, cands):
