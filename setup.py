@@ -22,5 +22,5 @@ setup(
         "bench": ["matplotlib>=3.7"],
         "test": ["pytest>=8", "pytest-timeout>=2", "hypothesis>=6", "ruff>=0.5"],
     },
-    entry_points={"console_scripts": ["relaygr=mindspore_relaygr.cli:main"]},
+    entry_points={"console_scripts": ["relaygr=serving.cli:main"]},
 )

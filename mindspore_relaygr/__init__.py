@@ -8,7 +8,7 @@ from mindspore_relaygr.config import RelayGRConfig, load_config, save_config
 from mindspore_relaygr.errors import ConfigError, InvalidRequest, RelayGRError
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "InvalidRequest", "RelayGRConfig", "RelayGRError", "RelayGRModel",
+__all__ = ["ConfigError", "InvalidRequest", "RelayEngine", "RelayGRConfig", "RelayGRError", "RelayGRModel",
            "load_config", "save_config"]
 
 
@@ -18,4 +18,8 @@ def __getattr__(name: str) -> Any:
         from mindspore_relaygr.model.ranker import RelayGRModel
 
         return RelayGRModel
+    if name == "RelayEngine":
+        from mindspore_relaygr.relay.engine import RelayEngine
+
+        return RelayEngine
     raise AttributeError(name)

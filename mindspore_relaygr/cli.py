@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -249,7 +250,12 @@ def _add_headline_args(parser: argparse.ArgumentParser, default_out: str, median
     parser.add_argument("--out", default=default_out)
 
 
-def build_parser() -> argparse.ArgumentParser:
+CommandHook = Callable[[argparse._SubParsersAction, argparse._SubParsersAction], None]
+
+
+def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
+    """The `relaygr` parser; `extend(commands, bench_commands)` adds commands from outside the library
+    (serving/cli.py adds `serve`, `cluster` and `bench cluster`: the library never imports `serving`)."""
     parser = argparse.ArgumentParser(prog="relaygr", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -317,15 +323,13 @@ def build_parser() -> argparse.ArgumentParser:
     seq.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 1536, 2048, 3072, 4095])
     seq.set_defaults(func=cmd_bench_headline)
 
-    from mindspore_relaygr.bench.cluster_bench import register as register_cluster_bench
     from mindspore_relaygr.bench.revisit import register as register_revisit_bench
-    from mindspore_relaygr.serving_cli import register as register_serving
     from mindspore_relaygr.train.commands import register as register_train
 
-    register_cluster_bench(bench_sub)
     register_revisit_bench(bench_sub)
-    register_serving(sub)
     register_train(sub)
+    if extend is not None:
+        extend(sub, bench_sub)
 
     profile = sub.add_parser("profile", help="calibrate the latency model on the compiled graphs, write JSON")
     _add_config_args(profile, "bench_long.yaml")
@@ -350,6 +354,7 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The library's commands only; the `relaygr` console script is serving.cli:main (adds serving's)."""
     return run_command(build_parser(), argv)
 
 

@@ -103,7 +103,11 @@ class CacheConfig:
     pool_bytes: float | None = None  # device byte budget of the pool (used when num_slots is null)
     max_prefix_len: int = 256  # tokens one slot holds (user token included); one of len_buckets
     lifetime_ms: float = 5000.0  # a relayed prefix is kept at least this long for its rank
-    max_extend_len: int = 64  # a history that grew by more events than this is recomputed
+    # A history that extends a cached prefix (device or DRAM) by more events than the rank's suffix
+    # holds computes only those events against the cached prefix (at pre-infer time, or in the rank),
+    # in chunks of trigger.prefill_chunk_len, while the latency model predicts that to beat a fresh
+    # prefill; false: such a history is prefilled afresh (pre-infer) or misses (rank).
+    enable_extension: bool = True
 
     def __post_init__(self) -> None:
         _require(self.num_slots is not None or self.pool_bytes is not None, "cache.num_slots",
@@ -114,8 +118,6 @@ class CacheConfig:
             _require(self.pool_bytes > 0, "cache.pool_bytes", self.pool_bytes, "must be > 0")
         _require(self.max_prefix_len > 0, "cache.max_prefix_len", self.max_prefix_len, "must be > 0")
         _require(self.lifetime_ms > 0, "cache.lifetime_ms", self.lifetime_ms, "must be > 0")
-        _require(self.max_extend_len >= 0, "cache.max_extend_len", self.max_extend_len,
-                 "must be >= 0")
 
 
 SPILL_POLICIES = ("always", "used", "never")
@@ -187,59 +189,60 @@ class RelayConfig:
     # up to (predicted remaining + predicted miss)
     warmup: bool = True  # compile every bucket at start-up (false: on first use, e.g. in tests)
     overload_slo_factor: float | None = None  # reject (503) when queued ranking > slo_ms * factor
+    # Fraction of the ranks served from a device slot that are recomputed by full inference when the
+    # device is idle (exactness audit); a difference over 1e-5 drops the entry. 0: no audit.
+    audit_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         _require(self.miss_policy in MISS_POLICIES, "relay.miss_policy", self.miss_policy,
                  f"must be one of {MISS_POLICIES}")
         _require(self.max_online_len >= 1, "relay.max_online_len", self.max_online_len, "must be >= 1")
         _require(self.inflight_wait_ms >= 0, "relay.inflight_wait_ms", self.inflight_wait_ms, "must be >= 0")
+        _require(0.0 <= self.audit_fraction <= 1.0, "relay.audit_fraction", self.audit_fraction, "must be in [0, 1]")
         if self.overload_slo_factor is not None:
             _require(self.overload_slo_factor > 0, "relay.overload_slo_factor", self.overload_slo_factor,
                      "must be > 0")
 
 
-HASH_METHODS = ("rendezvous", "nginx")  # nginx: a port of nginx's `hash ... consistent`
-
-
-@dataclass
-class RouterConfig:
-    """Affinity routing of a user's pre-infer and rank to one instance."""
-
-    instances: list[str] = field(default_factory=list)  # instance ids, e.g. ["i0", "i1"]
-    hash_method: str = "rendezvous"
-
-    def __post_init__(self) -> None:
-        _require(self.hash_method in HASH_METHODS, "router.hash_method", self.hash_method,
-                 f"must be one of {HASH_METHODS}")
-        _require(len(set(self.instances)) == len(self.instances), "router.instances", self.instances,
-                 "must be unique")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @dataclass
 class ServingConfig:
-    """One HTTP instance (gunicorn, one worker process holding the engine and its cache)."""
+    """One HTTP instance (gunicorn, one worker process holding the engine and its cache); `relaygr serve`
+    flags and RELAYGR_SERVING_* variables override it (serving/settings.py)."""
 
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # bind address; loopback unless asked otherwise
     port: int = 8080
-    instance_id: str = "i0"
-    threads: int = 8  # gthread threads of the single worker
-    timeout_s: float = 120.0
-    graceful_timeout_s: float = 15.0
-    keepalive_s: float = 75.0
-    max_content_length: int = 4 * 1024 * 1024
-    admin_token: str | None = None  # bearer token for /v1/admin/*; null: no token required
-    retry_after_s: int = 1
-    access_log: bool = False
+    instance_id: str = "i0"  # X-RelayGR-Instance, metrics label, engine thread name
+    threads: int = 8  # gthread threads of the single worker process
+    timeout_s: float = 120.0  # gunicorn worker heartbeat timeout
+    graceful_timeout_s: float = 15.0  # finish in-flight requests on SIGTERM for this long
+    keepalive_s: float = 75.0  # idle keep-alive; longer than nginx's upstream keepalive_timeout (60 s)
+    max_content_length: int = 4 * 1024 * 1024  # request body cap in bytes (413 above it)
+    admin_token: str | None = None  # bearer token of /v1/admin/*; null: no token (bind to loopback then)
+    retry_after_s: int = 1  # Retry-After of 503 answers (overloaded, warming up)
+    access_log: bool = False  # gunicorn access log to stderr
     log_level: str = "info"
 
     def __post_init__(self) -> None:
-        _require(0 < self.port < 65536, "serving.port", self.port, "must be a TCP port")
-        for key in ("threads", "max_content_length", "retry_after_s"):
-            _require(getattr(self, key) >= 1, f"serving.{key}", getattr(self, key), "must be >= 1")
-        for key in ("timeout_s", "graceful_timeout_s", "keepalive_s"):
-            _require(getattr(self, key) > 0, f"serving.{key}", getattr(self, key), "must be > 0")
-        _require(self.log_level in ("debug", "info", "warning", "error"), "serving.log_level", self.log_level,
-                 "must be one of debug, info, warning, error")
+        checks = [
+            (bool(self.host), "host", "must not be empty"),
+            (0 < self.port < 65536, "port", "must be in 1..65535"),
+            (bool(self.instance_id) and self.instance_id.isprintable() and " " not in self.instance_id,
+             "instance_id", "must be a non-empty printable token without spaces"),
+            (self.threads >= 1, "threads", "must be >= 1"),
+            (self.timeout_s > 0, "timeout_s", "must be > 0"),
+            (self.graceful_timeout_s > 0, "graceful_timeout_s", "must be > 0"),
+            (self.keepalive_s >= 0, "keepalive_s", "must be >= 0"),
+            (self.max_content_length >= 1024, "max_content_length", "must be >= 1024 bytes"),
+            (self.admin_token is None or len(self.admin_token) >= 8, "admin_token", "must have >= 8 characters"),
+            (self.retry_after_s >= 0, "retry_after_s", "must be >= 0"),
+            (self.log_level in LOG_LEVELS, "log_level", f"must be one of {LOG_LEVELS}"),
+        ]
+        for ok, key, why in checks:
+            # the token itself never goes into an error message (logs)
+            _require(ok, f"serving.{key}", "<hidden>" if key == "admin_token" else getattr(self, key), why)
 
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
@@ -347,7 +350,6 @@ class RelayGRConfig:
     expander: ExpanderConfig = field(default_factory=ExpanderConfig)
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
-    router: RouterConfig = field(default_factory=RouterConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
     data: DataConfig = field(default_factory=DataConfig)

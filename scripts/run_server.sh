@@ -18,4 +18,4 @@ if [ "$1" = "cluster" ] && ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbi
   exit 1
 fi
 export PATH="$PATH:/usr/sbin"
-exec "$RELAYGR_PY" -m mindspore_relaygr.serving_cli "$@"
+exec "$RELAYGR_PY" -m serving.cli "$@"

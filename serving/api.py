@@ -123,7 +123,7 @@ def stats() -> Response:
         "state": st.holder.state,
         "ready": ready,
         "model_version": engine.model_version if engine is not None else None,
-        "engine": engine.stats() if ready and engine is not None else None,
+        "engine": engine.stats().to_dict() if ready and engine is not None else None,
     })
 
 

@@ -12,14 +12,14 @@ from typing import Any
 from flask import Flask
 from flask.json.provider import DefaultJSONProvider
 
-from mindspore_relaygr.config import RelayGRConfig, load_config
+from mindspore_relaygr.config import RelayGRConfig, ServingConfig, load_config
 from mindspore_relaygr.errors import ConfigError
 from serving import api
 from serving.engine_holder import Engine, EngineHolder
 from serving.errors import register_error_handler
 from serving.metrics import ServingMetrics
 from serving.schemas import Limits
-from serving.settings import ENV_BUNDLE, ENV_ENGINE_FACTORY, ENV_OVERRIDES, ServingSettings, load_from_env
+from serving.settings import ENV_BUNDLE, ENV_ENGINE_FACTORY, ENV_OVERRIDES, load_from_env, resolve_settings
 from serving.state import AppState
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def bundle_engine_factory(bundle_dir: str, overrides: list[str]) -> EngineFactor
 
 
 def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None,
-               engine_factory: EngineFactory | None = None, settings: ServingSettings | None = None) -> Flask:
+               engine_factory: EngineFactory | None = None, settings: ServingConfig | None = None) -> Flask:
     """Build the app. With neither `engine` nor `engine_factory`, the RelayEngine is built lazily.
 
     The engine is never built here: `EngineHolder.start()` (gunicorn's post_fork hook, or the first
@@ -65,7 +65,7 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
     if engine is not None and engine_factory is not None:
         raise ValueError("give engine or engine_factory, not both")
     config = config or load_config()
-    settings = settings or ServingSettings.from_config(config)
+    settings = settings or resolve_settings(config)
     if engine is not None:
         holder = EngineHolder(engine=engine)
         instance_id = engine.instance_id

@@ -178,7 +178,7 @@ class Cluster:
 
     def _start_instance(self, instance_id: str, port: int) -> None:
         pid_file = str(self.run_dir / f"{instance_id}.pid")
-        cmd = [sys.executable, "-m", "mindspore_relaygr.serving_cli", "serve", "--host", self.spec.host,
+        cmd = [sys.executable, "-m", "serving.cli", "serve", "--host", self.spec.host,
                "--port", str(port), "--instance-id", instance_id, "--pid-file", pid_file]
         if self.spec.bundle:
             cmd += ["--bundle", str(Path(self.spec.bundle).resolve())]

@@ -20,7 +20,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from mindspore_relaygr.relay.trigger import REASONS
@@ -33,19 +33,23 @@ LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.
                      0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 NO_TIER = "none"  # cache label of endpoints other than /v1/rank
 
-# Scrape-time metrics read from engine.stats(): (name, kind, help, [(path in stats, labels)]).
-# A path missing from the stats is skipped, so the engine can grow or trim its stats freely.
+# Scrape-time metrics read from the typed `engine.stats()` (mindspore_relaygr.relay.stats.EngineStats):
+# (name, kind, help, [(attribute path, labels)]). A path that does not resolve raises (tests check
+# every path against a real engine), so a renamed field cannot silently zero a metric; a path through
+# a tier that is switched off (None) is skipped.
 STATS_METRICS: list[tuple[str, str, str, list[tuple[tuple[str, ...], dict[str, str]]]]] = [
     ("relaygr_queue_depth", "gauge", "Device-thread tasks waiting (ranks and prefill chunks).",
      [(("queue_depth",), {})]),
-    ("relaygr_pending_prefills", "gauge", "Admitted pre-infers whose prefill has not finished.",
-     [(("pending_prefills",), {})]),
-    ("relaygr_cache_hits", "counter", "Cache lookups that found the prefix, per tier.",
-     [(("cache", "device", "hits"), {"tier": "device"}), (("cache", "dram", "hits"), {"tier": "dram"}),
-      (("cache", "device", "partial_hits"), {"tier": "partial"}),
-      (("cache", "device", "inflight_hits"), {"tier": "inflight"})]),
-    ("relaygr_cache_misses", "counter", "Cache lookups that did not find the prefix, per tier.",
-     [(("cache", "device", "misses"), {"tier": "device"}), (("cache", "dram", "misses"), {"tier": "dram"})]),
+    ("relaygr_pending_prefills", "gauge", "Relays (prefills, DRAM prefetches) whose device work has not finished.",
+     [(("relays", "pending_relays"), {})]),
+    ("relaygr_cache_hits", "counter",
+     "Ranks served from the cache, one per rank, by tier: device, dram (reloaded), partial (a cached prefix "
+     "extended by the events since), inflight (waited for the prefix's relay).",
+     [(("ranks", "device"), {"tier": "device"}), (("ranks", "dram"), {"tier": "dram"}),
+      (("ranks", "partial"), {"tier": "partial"}), (("ranks", "inflight"), {"tier": "inflight"})]),
+    ("relaygr_cache_misses", "counter",
+     "Ranks a tier could not serve: device (served from DRAM or not cached), dram (in no tier: full inference).",
+     [(("ranks", "device_misses"), {"tier": "device"}), (("ranks", "miss"), {"tier": "dram"})]),
     ("relaygr_cache_usage_bytes", "gauge", "Bytes held by cached prefixes, per tier.",
      [(("cache", "device", "bytes_in_use"), {"tier": "device"}),
       (("cache", "dram", "bytes_in_use"), {"tier": "dram"})]),
@@ -65,32 +69,35 @@ STATS_METRICS: list[tuple[str, str, str, list[tuple[tuple[str, ...], dict[str, s
     ("relaygr_cache_dram_reloads", "counter", "DRAM -> device reloads.", [(("cache", "dram", "reloads"), {})]),
     ("relaygr_cache_dram_reload_bytes", "counter", "Bytes copied from DRAM to the device.",
      [(("cache", "dram", "bytes_copied"), {})]),
-    ("relaygr_cache_extended_tokens", "counter", "Tokens computed to extend a cached prefix (partial hits).",
+    ("relaygr_cache_extended_tokens", "counter", "Events computed to extend a cached prefix.",
      [(("cache", "extended_tokens"), {})]),
     ("relaygr_trigger_inflight_slots", "gauge", "Relayed prefixes admitted and not yet consumed or dropped.",
-     [(("trigger", "inflight_slots"), {})]),
+     [(("relays", "inflight_relays"), {})]),
     ("relaygr_trigger_inflight_bytes", "gauge", "Device bytes of relayed prefixes in flight.",
-     [(("trigger", "inflight_bytes"), {})]),
+     [(("inflight_bytes",), {})]),
     ("relaygr_trigger_bucket_tokens", "gauge", "Pre-infer token-bucket level.", [(("trigger", "bucket_tokens"), {})]),
-    ("relaygr_prefills", "counter", "Prefills that completed.", [(("counters", "prefills"), {})]),
-    ("relaygr_prefill_chunks", "counter", "Prefill chunks run on the device.", [(("counters", "prefill_chunks"), {})]),
+    ("relaygr_prefills", "counter", "Prefills that completed.", [(("work", "prefills"), {})]),
+    ("relaygr_prefill_chunks", "counter", "Prefill chunks run on the device.", [(("work", "prefill_chunks"), {})]),
     ("relaygr_wasted_prefills", "counter", "Relayed prefixes evicted before any rank used them.",
-     [(("counters", "wasted_prefills"), {})]),
-    ("relaygr_prefill_errors", "counter", "Prefills that failed.", [(("counters", "prefill_errors"), {})]),
+     [(("relays", "dropped_evicted"), {})]),
+    ("relaygr_prefill_errors", "counter", "Prefills that failed.", [(("work", "prefill_errors"), {})]),
+    ("relaygr_audit_checks", "counter", "Cached ranks recomputed by full inference by the exactness audit.",
+     [(("audit", "checked"), {})]),
+    ("relaygr_audit_failures", "counter",
+     "Audited ranks whose cached scores differed from full inference by more than 1e-5 (entry dropped).",
+     [(("audit", "failures"), {})]),
+    ("relaygr_audit_skipped", "counter", "Ranks sampled for the audit but not checked (audit queue full).",
+     [(("audit", "skipped"), {})]),
 ]
 
 
 def _lookup(stats: Any, path: tuple[str, ...]) -> float | None:
-    for key in path:
-        if not isinstance(stats, dict) or key not in stats:
+    """The number at `path` (attribute names) in `stats`; None through a tier that is off (None)."""
+    for name in path:
+        if stats is None:
             return None
-        stats = stats[key]
-    if isinstance(stats, bool | str | bytes | dict | list) or stats is None:
-        return None
-    try:
-        return float(stats)  # ints, floats and numpy scalars
-    except (TypeError, ValueError):
-        return None
+        stats = getattr(stats, name)  # AttributeError: the metric names a field the stats no longer have
+    return None if stats is None else float(stats)
 
 
 class EngineStatsCollector(Collector):
@@ -127,6 +134,9 @@ class EngineStatsCollector(Collector):
                     found = True
             if found:
                 yield family
+        yield HistogramMetricFamily("relaygr_audit_max_abs_diff",
+                                    "Max |cached - full| score difference of each audited rank.",
+                                    buckets=stats.audit.histogram(), sum_value=stats.audit.diff_sum)
 
 
 class ServingMetrics:

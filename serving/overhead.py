@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> dict:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(args.log, "ab")  # noqa: SIM115 - closed in finally
-    cmd = [sys.executable, "-m", "mindspore_relaygr.serving_cli", "serve", "--config", str(args.config),
+    cmd = [sys.executable, "-m", "serving.cli", "serve", "--config", str(args.config),
            "--port", str(port), "--instance-id", "overhead"]
     for o in args.override:
         cmd += ["-o", o]

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mindspore_relaygr.config import RelayGRConfig
+from mindspore_relaygr.config import RelayGRConfig, ServingConfig
 from serving.engine_holder import EngineHolder
 from serving.metrics import ServingMetrics
 from serving.schemas import Limits
-from serving.settings import ServingSettings
 
 
 @dataclass(frozen=True)
 class AppState:
     config: RelayGRConfig
-    settings: ServingSettings
+    settings: ServingConfig
     limits: Limits
     holder: EngineHolder
     metrics: ServingMetrics

@@ -33,6 +33,12 @@ def test_overrides_are_typed():
     ("model.enable=true", "model.enable=True: unknown key"),
     ("model.dropout=true", "model.dropout=True: must be a finite number"),
     ("cache.num_slots", "expected section.key=value"),
+    # one serving schema: the config file is held to the limits the server enforces
+    ("serving.max_content_length=10", "serving.max_content_length=10: must be >= 1024 bytes"),
+    ("serving.admin_token=short", "serving.admin_token='<hidden>': must have >= 8 characters"),
+    ("serving.instance_id=a b", "serving.instance_id='a b'"),
+    ("router.instances=[a]", "router: unknown section"),  # the unused router section is gone
+    ("relay.audit_fraction=1.5", "relay.audit_fraction=1.5: must be in [0, 1]"),
 ])
 def test_bad_values_name_key_and_value(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):

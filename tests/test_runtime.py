@@ -84,3 +84,27 @@ def test_another_thread_reuses_memory_reserved_on_the_main_thread():
     grown = int(out.stdout.split()[0])
     assert grown < 64, f"128 MB of copies on a worker thread grew RSS by {grown} MB: not from the reservation"
 
+
+
+def test_the_package_exports_what_the_readme_promises():
+    from mindspore_relaygr import RelayEngine, RelayGRModel, load_config  # noqa: F401
+    from mindspore_relaygr.relay.engine import RelayEngine as Engine
+
+    assert RelayEngine is Engine
+
+
+LAYERING_PROBE = """
+import importlib, pkgutil, sys
+import mindspore_relaygr
+names = [m.name for m in pkgutil.walk_packages(mindspore_relaygr.__path__, "mindspore_relaygr.")]
+for name in names:
+    importlib.import_module(name)
+leaked = sorted(m for m in sys.modules if m == "serving" or m.startswith("serving.") or m == "flask")
+print(len(names), leaked)
+"""
+
+
+def test_importing_every_library_module_never_imports_serving_or_flask():
+    out = subprocess.run([sys.executable, "-c", LAYERING_PROBE], capture_output=True, text=True, timeout=300,
+                         check=True).stdout.split(maxsplit=1)
+    assert int(out[0]) > 40 and out[1].strip() == "[]", out

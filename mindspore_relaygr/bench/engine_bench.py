@@ -42,6 +42,7 @@ def run_one(engine: Any, workload: Workload, relay: bool, time_limit_s: float | 
     call_stats = getattr(engine.model, "call_stats", None)
     if call_stats is not None:
         call_stats.reset()
+    engine.executor.reset_stats()  # start-up work (e.g. measuring the copy bandwidth) is not the run's
     outcomes = run_open_loop(workload, preinfer if relay else None, rank, time_limit_s=time_limit_s)
     engine.wait_prefills(600)
     summary = summarize(outcomes, workload.spec.qps)
@@ -53,7 +54,7 @@ def run_one(engine: Any, workload: Workload, relay: bool, time_limit_s: float | 
         summary["cold_compiles"] = [c.as_dict() for c in call_stats.cold_calls]
     summary["rank_queue_ms"] = {"p50": percentile(queue_ms, 50), "p99": percentile(queue_ms, 99),
                                 "max": max(queue_ms, default=float("nan"))}
-    summary["engine"] = engine.stats()["counters"]
+    summary["engine"] = engine.stats().counters()
     summary["wasted_prefills"] = summary["engine"].get("wasted_prefills", 0)
     return summary
 

@@ -26,8 +26,11 @@ Defaults (with configs/bench_long.yaml) and why:
   are at risk and get relayed (short histories are never relayed: their ranks are "miss").
 * `--growth 0`: a user comes back with the same history, so their cached prefix is still exact.
   With growth > 0 the cached prefix (device or DRAM) still serves the grown history while the
-  new events fit the rank's suffix or an extension (the pre-infer answers `already_cached` and
-  prefetches a DRAM copy back to the device); beyond that the grown history is re-prefilled.
+  new events fit the rank's suffix (the pre-infer answers `already_cached` and prefetches a DRAM
+  copy back to the device); beyond that the pre-infer extends the cached prefix by only the new
+  events (`cache.enable_extension`), unless the latency model says a fresh prefill is cheaper.
+  `--no-extension-too` replays every point with the extension off as well, and the
+  `pf ev/req` column (prefix events computed per request) shows the work it saves.
 * 1 QPS: a ~2200-event prefill costs ~200 ms on this CPU, so the one device thread stays well
   below saturation and the shares show where prefixes are rather than queueing (the `load` and
   `footprint` refusals in each row's `trigger` counts say when that stops being true).
@@ -44,10 +47,10 @@ from pathlib import Path
 from typing import Any
 
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
-from mindspore_relaygr.cache.hierarchy import TIERS as TIER_ORDER
 from mindspore_relaygr.config import RelayGRConfig
 
 Progress = Callable[[str], None]
+TIER_ORDER = ("device", "dram", "partial", "inflight", "miss")  # the tiers a relayed rank can land in
 TIER_COLORS = {
     "device": "tab:blue",
     "dram": "tab:orange",
@@ -79,10 +82,12 @@ def _run(config: RelayGRConfig, model: Any, latency: Any, workload: Workload) ->
     engine = engine_for(config, model, latency, relay=True)
     try:
         summary = run_one(engine, workload, relay=True, time_limit_s=None)
-        summary["cache"] = engine.stats()["cache"]  # the engine is idle: run_one waited for its prefills
+        summary["cache"] = engine.stats().to_dict()["cache"]  # the engine is idle: run_one waited for its prefills
     finally:
         engine.close()
     summary["shares"] = tier_shares(summary["tiers"])
+    computed = summary["engine"]["prefill_events"] + summary["engine"]["extended_events"]
+    summary["prefill_events_per_request"] = computed / max(1, summary["ranks"])
     return summary
 
 
@@ -95,16 +100,20 @@ def run_revisit(
     time_limit_s: float | None,
     expander_too: bool,
     progress: Progress,
+    extension_too: bool = False,
 ) -> dict[str, Any]:
-    """One row per (zipf point, expander on/off): measured revisit fraction, tier shares, latency."""
-    off = replace(config, expander=replace(config.expander, enabled=False))
+    """One row per (zipf point, mode): measured revisit fraction, tier shares, prefill events computed
+    per request, latency. Modes: expander and extension on; with `expander_too` also the expander
+    off; with `extension_too` also the extension across requests off (`cache.enable_extension`)."""
+    modes = [(True, True)] + ([(False, True)] if expander_too else []) + ([(True, False)] if extension_too else [])
     rows = []
     for i, zipf_a in enumerate(zipfs):
         workload = trim(Workload.generate(replace(spec, zipf_a=zipf_a)), time_limit_s)
         revisit = workload.revisit_fraction()
-        modes = (True, False) if expander_too else (True,)
-        for expander in modes if i % 2 == 0 else modes[::-1]:
-            s = _run(config if expander else off, model, latency, workload)
+        for expander, extension in modes if i % 2 == 0 else modes[::-1]:
+            cfg = replace(config, expander=replace(config.expander, enabled=expander),
+                          cache=replace(config.cache, enable_extension=extension))
+            s = _run(cfg, model, latency, workload)
             rows.append(
                 {
                     "zipf_a": zipf_a,
@@ -112,14 +121,15 @@ def run_revisit(
                     "requests": len(workload.requests),
                     "distinct_users": len({r.user for r in workload.requests}),
                     "expander": expander,
+                    "extension": extension,
                     **s,
                 }
             )
             progress(
-                f"zipf {zipf_a:g} (revisits {revisit:.2f}) expander {'on ' if expander else 'off'}: "
-                f"p50 {s['p50_ms']:.0f} ms, p99 {s['p99_ms']:.0f} ms, "
+                f"zipf {zipf_a:g} (revisits {revisit:.2f}) expander {'on ' if expander else 'off'} extension "
+                f"{'on ' if extension else 'off'}: p50 {s['p50_ms']:.0f} ms, p99 {s['p99_ms']:.0f} ms, "
                 + ", ".join(f"{k} {v:.2f}" for k, v in s["shares"].items() if v)
-                + f", errors {s['errors']}"
+                + f", prefill events/request {s['prefill_events_per_request']:.0f}, errors {s['errors']}"
             )
     return {
         "spec": {**asdict(spec), "zipf_a": zipfs},
@@ -130,6 +140,7 @@ def run_revisit(
         "num_slots": model.num_slots,
         "slot_bytes": model.layout.slot_bytes,
         "dram_bytes": config.expander.dram_bytes,
+        "growth_per_visit": spec.growth_per_visit,
         "results": rows,
     }
 
@@ -137,22 +148,27 @@ def run_revisit(
 def format_table(report: dict[str, Any]) -> str:
     tiers = [*TIER_ORDER, *sorted({t for r in report["results"] for t in r["shares"]} - set(TIER_ORDER))]
     head = (
-        f"{'zipf':>5} {'revisit':>7} {'DRAM':>4} | "
+        f"{'zipf':>5} {'revisit':>7} {'DRAM':>4} {'ext':>3} | "
         + " ".join(f"{t:>8}" for t in tiers)
-        + f" | {'hit rate':>8} | {'p50 ms':>7} {'p99 ms':>7} | {'trunc':>5} {'errors':>6} {'wasted':>6}"
+        + f" | {'hit rate':>8} | {'pf ev/req':>9} | {'p50 ms':>7} {'p99 ms':>7} | {'trunc':>5} {'errors':>6} "
+        f"{'wasted':>6}"
     )
     lines = [
         f"{report['qps']:g} QPS, {report['num_slots']} device slots, DRAM {report['dram_bytes'] / 1e9:g} GB, "
-        f"SLO {report['slo_ms']:g} ms; tier columns are shares of the served ranks",
+        f"SLO {report['slo_ms']:g} ms, growth {report.get('growth_per_visit', 0)} events per visit; tier columns "
+        "are shares of the served ranks; pf ev/req: prefix events computed (prefills + extensions) per request",
         head,
         "-" * len(head),
     ]
-    for r in sorted(report["results"], key=lambda r: (r["revisit_fraction"], not r["expander"])):
+    for r in sorted(report["results"], key=lambda r: (r["revisit_fraction"], not r["expander"],
+                                                      not r.get("extension", True))):
         lines.append(
-            f"{r['zipf_a']:>5g} {r['revisit_fraction']:>7.3f} {'on' if r['expander'] else 'off':>4} | "
+            f"{r['zipf_a']:>5g} {r['revisit_fraction']:>7.3f} {'on' if r['expander'] else 'off':>4} "
+            f"{'on' if r.get('extension', True) else 'off':>3} | "
             + " ".join(f"{r['shares'].get(t, 0.0):>8.3f}" for t in tiers)
-            + f" | {r['hit_rate']:>8.3f} | {r['p50_ms']:>7.0f} {r['p99_ms']:>7.0f} | "
-            f"{r['truncations']:>5} {r['errors']:>6} {r['wasted_prefills']:>6}"
+            + f" | {r['hit_rate']:>8.3f} | {r.get('prefill_events_per_request', float('nan')):>9.0f} | "
+            f"{r['p50_ms']:>7.0f} {r['p99_ms']:>7.0f} | {r['truncations']:>5} {r['errors']:>6} "
+            f"{r['wasted_prefills']:>6}"
         )
     return "\n".join(lines)
 
@@ -165,7 +181,8 @@ def plot_revisit(report: dict[str, Any], path: Path) -> None:
     plt = _pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
     by_mode = {
-        m: sorted((r for r in report["results"] if r["expander"] is m), key=lambda r: r["revisit_fraction"])
+        m: sorted((r for r in report["results"] if r["expander"] is m and r.get("extension", True)),
+                  key=lambda r: r["revisit_fraction"])
         for m in (True, False)
     }
     on = by_mode[True]
@@ -239,7 +256,8 @@ def cmd_bench_revisit(args: argparse.Namespace) -> int:
     spec = _spec(args, cfg)
     t0 = time.perf_counter()
     model, latency = headline.prepare(cfg, say)
-    report = run_revisit(cfg, model, latency, spec, args.zipf, args.time_limit, args.no_expander_too, say)
+    report = run_revisit(cfg, model, latency, spec, args.zipf, args.time_limit, args.no_expander_too, say,
+                         extension_too=args.no_extension_too)
     report["config"] = str(args.config)
     report["wall_s"] = time.perf_counter() - t0
     out = Path(args.out)
@@ -290,6 +308,10 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--no-expander-too", action="store_true", help="also run every point with the DRAM expander off (same workload)"
+    )
+    p.add_argument(
+        "--no-extension-too", action="store_true",
+        help="also run every point with the extension across requests off (cache.enable_extension=false)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="outputs/bench_revisit.json")

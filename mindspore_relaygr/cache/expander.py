@@ -38,6 +38,14 @@ class ExpanderCounters:
 
 
 @dataclass
+class DramTierStats(ExpanderCounters):
+    """The expander's counters and its occupancy."""
+
+    num_entries: int = 0
+    bytes_in_use: int = 0
+
+
+@dataclass
 class _Stored:
     payload: Any
     nbytes: int
@@ -70,6 +78,7 @@ class DRAMExpander:
         self._clock = clock
         self._lock = threading.Lock()
         self._items: OrderedDict[CacheKey, _Stored] = OrderedDict()  # least recently used first
+        self._by_user: dict[str, set[CacheKey]] = {}
         self._bytes = 0
         self._flights: dict[CacheKey, _Flight] = {}
         self._counters = ExpanderCounters()
@@ -94,9 +103,16 @@ class DRAMExpander:
                 self._pop(next(iter(self._items)))
                 self._counters.evictions += 1
             self._items[key] = _Stored(payload, nbytes, self._clock() + self.ttl_s)
+            self._by_user.setdefault(key.user_id, set()).add(key)
             self._bytes += nbytes
             self._counters.puts += 1
             return True
+
+    def peek(self, key: CacheKey) -> Any | None:
+        """The payload of `key` without counting a lookup or refreshing its LRU position."""
+        with self._lock:
+            stored = self._live(key)
+            return None if stored is None else stored.payload
 
     def get(self, key: CacheKey) -> Any | None:
         """The payload of `key` (now most recently used), or None if absent or expired."""
@@ -154,24 +170,27 @@ class DRAMExpander:
             self._counters.reloads += 1
             self._counters.bytes_copied += nbytes
 
-    def worth_reloading(self, nbytes: int, copy_bytes_per_s: float, predicted_prefill_ms: float) -> bool:
-        """True if copying `nbytes` back is faster than recomputing the prefix (else counts a skip)."""
-        if not copy_bytes_per_s > 0:
-            raise ValueError(f"copy_bytes_per_s={copy_bytes_per_s!r}: must be > 0")
-        worth = nbytes / copy_bytes_per_s * 1e3 < predicted_prefill_ms
-        if not worth:
-            with self._lock:
-                self._counters.skipped_reloads += 1
-        return worth
-
     def bytes_in_use(self) -> int:
         with self._lock:
             return self._bytes
 
-    def stats(self) -> dict[str, int]:
+    def keys_of(self, user_id: str) -> list[CacheKey]:
+        """Keys of the user's live copies, longest prefix first."""
         with self._lock:
-            return {**asdict(self._counters), "num_entries": len(self._items),
-                    "bytes_in_use": self._bytes}
+            keys = [k for k in self._by_user.get(user_id, ()) if self._live(k) is not None]
+        return sorted(keys, key=lambda k: -k.prefix_len)
+
+    def clear(self) -> int:
+        """Drop every copy; returns how many there were."""
+        with self._lock:
+            count = len(self._items)
+            for key in list(self._items):
+                self._pop(key)
+            return count
+
+    def stats(self) -> DramTierStats:
+        with self._lock:
+            return DramTierStats(**asdict(self._counters), num_entries=len(self._items), bytes_in_use=self._bytes)
 
     def _reload_once(self, key: CacheKey, copy_fn: Callable[[Any], T],
                      device_has_copy: Callable[[], bool] | None) -> T | None:
@@ -209,5 +228,9 @@ class DRAMExpander:
         stored = self._items.pop(key, None)
         if stored is not None:
             self._bytes -= stored.nbytes
+            keys = self._by_user[key.user_id]
+            keys.discard(key)
+            if not keys:
+                del self._by_user[key.user_id]
         assert 0 <= self._bytes <= self.budget_bytes
         return stored

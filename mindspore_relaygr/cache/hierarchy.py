@@ -1,47 +1,49 @@
 """The cache hierarchy of one instance: device slots (KVCacheManager) + host DRAM (DRAMExpander).
 
-`RelayCache` decides where a user's prefix is served from and does the copies:
+`RelayCache` finds where a user's prefix is and does the copies:
   device hit   -> rank from the slot;
   DRAM hit     -> reload into a free slot (unless recomputing is cheaper), then rank;
-  partial hit  -> the user did k more things than the cached prefix: compute only those k tokens
-                  against the cached K/V, re-key the entry, rank (bounded by cache.max_extend_len);
+  extension    -> the user did more things than the cached prefix holds: compute only the new
+                  events against the cached K/V and re-key the entry (`extend`);
   miss         -> the caller computes the full path.
 A cache answers only for the exact prefix it was built from (R2): the key carries the user id, the
-model version and a hash of the prefix events; any mismatch is a miss.
+model version and a hash of the prefix events; any mismatch is a miss. A user may have several
+entries (e.g. a history sent under their id by someone else); a commit drops only the same user's
+entries that the new history extends.
 
-Plain Python over a `SlotStore` (the model in production, a fake in unit tests). It is not
-thread-safe by itself: one device thread per instance calls it (MindSpore calls must not overlap).
+Tier logic only: which relays are pending or consumed is the RelayLedger's business, and an
+eviction reaches it through the one `on_evicted` hook.
+
+Threads: `key_for`, `matches`, `locate` and `stats` read only the thread-safe manager and expander
+and may be called from any thread (`THREAD_SAFE`); every other method writes slots or tier tables
+and must be called from the one device thread of the instance (MindSpore calls must not overlap).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
-from mindspore_relaygr.cache.expander import DRAMExpander
+from mindspore_relaygr.cache.expander import DRAMExpander, DramTierStats
 from mindspore_relaygr.cache.keys import CacheKey, prefix_hash
-from mindspore_relaygr.cache.manager import EntryState, KVCacheManager, SlotLease
+from mindspore_relaygr.cache.manager import DeviceTierStats, EntryState, KVCacheManager, SlotLease
 from mindspore_relaygr.model.inputs import History
 
 logger = logging.getLogger(__name__)
 
-TIERS = ("device", "dram", "partial", "inflight", "miss")
 # Yielded by step generators (prefill, promote) right after a step that spilled an evicted slot to
 # DRAM: the copy of a long prefix costs about a chunk, so it is a device step of its own, and ranks
 # queued behind it run before the next chunk. It is not a chunk or a copied layer.
 SPILLED = "spilled"
+EvictedHook = Callable[[CacheKey, str], None]  # (key, reason): manager reasons or "superseded"
 
 
 class SlotStore(Protocol):
     """What the hierarchy needs from the model (see RelayGRModel)."""
 
     def prefill(self, slot: int, history: History, start: int = 0) -> int: ...
-    def rank_cached(self, slot: int, prefix_len: int, suffix_history: History, candidate_ids: Any) -> np.ndarray: ...
     def export_slot(self, slot: int) -> Any: ...
     def import_slot(self, slot: int, copy: Any) -> None: ...
     def import_slot_steps(self, slot: int, copy: Any) -> Iterator[Any]: ...
@@ -52,130 +54,106 @@ class SlotStore(Protocol):
 class CacheHit:
     """A pinned slot holding `prefix_len` events of the user's history; `release` it after ranking."""
 
-    tier: str  # device | dram | partial
+    tier: str  # device | dram | partial (extended)
     key: CacheKey
     slot: int
     prefix_len: int
 
 
+@dataclass
+class CacheTierStats:
+    extended_tokens: int  # events computed to extend cached prefixes
+    promotions: int  # DRAM copies reloaded ahead of their rank
+    spills: int  # evicted slots copied to DRAM
+    superseded: int  # entries dropped because the same user's longer history extends them
+    device: DeviceTierStats
+    dram: DramTierStats | None
+
+
 class RelayCache:
     """Device + DRAM tiers, incremental extension and spill/reload for one model instance."""
 
+    THREAD_SAFE = frozenset({"key_for", "matches", "locate", "stats"})
+
     def __init__(self, store: SlotStore, manager: KVCacheManager, expander: DRAMExpander | None, *,
-                 model_version: str, max_suffix_len: int, max_extend_len: int, max_prefix_len: int,
+                 model_version: str, max_prefix_len: int,
                  reload_is_cheaper: Callable[[int, int], bool] | None = None) -> None:
         """max_prefix_len: events a slot can hold; reload_is_cheaper(nbytes, prefix_len) -> bool."""
         self.store, self.manager, self.expander = store, manager, expander
         self.model_version = model_version
-        self.max_suffix_len, self.max_extend_len, self.max_prefix_len = max_suffix_len, max_extend_len, max_prefix_len
+        self.max_prefix_len = max_prefix_len
         self.reload_is_cheaper = reload_is_cheaper or (lambda nbytes, prefix_len: True)
-        self._latest: dict[str, CacheKey] = {}  # user -> key of the newest prefix relayed for them
-        self._inflight: dict[str, CacheKey] = {}  # user -> key being prefilled right now
-        self.tier_counts: Counter[str] = Counter()
-        self.on_evicted: Callable[[CacheKey], None] | None = None  # e.g. the engine's wasted-prefill count
+        self.on_evicted: EvictedHook | None = None  # the ledger's hook (wasted or superseded relays)
+        self._releasing: dict[CacheKey, str] = {}  # entries released on purpose (not spilled) -> why
         self._flushing = False
         self.extended_tokens = 0
-        self.promotions = 0  # DRAM copies reloaded ahead of their rank (at pre-infer time)
-        self.spills = 0  # evicted slots copied to DRAM
+        self.promotions = 0
+        self.spills = 0
+        self.superseded = 0
         manager.on_evict = self._on_evict
 
-    # ----------------------------------------------------------------- pre-infer
+    # ----------------------------------------------------------------- any thread
     def key_for(self, user_id: str, history: History) -> CacheKey:
         return CacheKey.for_history(user_id, self.model_version, history, len(history))
 
+    def matches(self, key: CacheKey, history: History) -> bool:
+        """True iff `key` was built from exactly the first key.prefix_len events of `history` (R2)."""
+        return (key.model_version == self.model_version and key.prefix_len <= len(history)
+                and prefix_hash(history, key.prefix_len) == key.prefix_hash)
+
+    def locate(self, user_id: str, history: History) -> tuple[str, CacheKey | None]:
+        """The longest cached prefix of `history` for this user and where it is: ("device" | "inflight"
+        (its slot is being written) | "dram", key), or ("miss", None)."""
+        device = self.manager.keys_of(user_id)
+        dram = self.expander.keys_of(user_id) if self.expander is not None else []
+        hashes: dict[int, str] = {}
+        for key in sorted({*device, *dram}, key=lambda k: (-k.prefix_len, k.prefix_hash)):
+            if key.model_version != self.model_version or key.prefix_len > len(history):
+                continue
+            if key.prefix_len not in hashes:
+                hashes[key.prefix_len] = prefix_hash(history, key.prefix_len)
+            if hashes[key.prefix_len] != key.prefix_hash:
+                continue
+            lease = self.manager.peek(key)
+            if lease is not None:
+                return ("device" if lease.state is EntryState.READY else "inflight"), key
+            if self.expander is not None and self.expander.contains(key):
+                return "dram", key
+        return "miss", None
+
+    def stats(self) -> CacheTierStats:
+        return CacheTierStats(self.extended_tokens, self.promotions, self.spills, self.superseded,
+                              self.manager.stats(), self.expander.stats() if self.expander is not None else None)
+
+    # ----------------------------------------------------------------- device thread: pre-infer
     def reserve(self, user_id: str, history: History) -> SlotLease | None:
-        """Reserve a slot for prefilling the whole `history` (None: no slot free, or too long)."""
+        """Reserve a slot for prefilling the whole `history` (None: no slot free, too long, or cached)."""
         if not 0 < len(history) <= self.max_prefix_len:
             return None
         key = self.key_for(user_id, history)
         if self.manager.peek(key) is not None:
             return None  # already cached or being prefilled
-        lease = self.manager.allocate(key)
-        if lease is not None:
-            self._inflight[user_id] = key
-        return lease
+        return self.manager.allocate(key)
 
-    def commit(self, lease: SlotLease) -> None:
-        """The prefill of a reserved slot finished: make it READY and the user's newest prefix."""
+    def commit(self, lease: SlotLease, history: History) -> None:
+        """The prefill of `history` into a reserved slot finished: make it READY, and drop the same
+        user's shorter entries it extends (their history moved on). Entries it does not extend stay."""
         self.manager.mark_ready(lease.key)
-        self._forget_inflight(lease.key)
-        old = self._latest.get(lease.key.user_id)
-        self._latest[lease.key.user_id] = lease.key
-        old_lease = self.manager.peek(old) if old is not None and old != lease.key else None
-        if old_lease is not None and old_lease.state is EntryState.READY:
-            try:
-                self.manager.release(old)  # stale: the user's history moved on (spilled if policy says)
-            except ValueError:
-                logger.debug("stale entry %s is pinned; it will age out", old)
+        self._supersede(lease.key, history)
 
     def abort(self, lease: SlotLease) -> None:
         """The prefill of a reserved slot failed or was cancelled."""
         self.manager.abort(lease.key)
-        self._forget_inflight(lease.key)
         self.store.release_slot(lease.slot)
 
-    def prefill(self, user_id: str, history: History) -> CacheKey | None:
-        """Reserve, prefill in one go and commit; None when no slot could be had."""
-        lease = self.reserve(user_id, history)
-        if lease is None:
-            return None
-        try:
-            self.store.prefill(lease.slot, history)
-        except BaseException:
-            self.abort(lease)
-            raise
-        self.commit(lease)
-        return lease.key
-
-    # ----------------------------------------------------------------- rank
-    def locate(self, user_id: str, history: History) -> tuple[str, CacheKey | None]:
-        """Where the user's newest prefix is, if it is a prefix of `history`: (tier, key)."""
-        key = next((k for k in (self._inflight.get(user_id), self._latest.get(user_id))
-                    if k is not None and self.matches(k, history)), None)
-        if key is None:
-            return "miss", None  # R2: nothing cached for exactly this prefix
-        lease = self.manager.peek(key)
-        if lease is not None:
-            return ("device" if lease.state is EntryState.READY else "inflight"), key
-        if self.expander is not None and self.expander.contains(key):
-            return "dram", key
-        return "miss", None
-
-    def acquire(self, user_id: str, history: History) -> CacheHit | None:
-        """Pin a slot holding a prefix of `history` (reloading or extending as needed), or None."""
-        tier, key = self.locate(user_id, history)
-        hit = None
-        if tier == "device":
-            lease = self.manager.lookup(key, pin=True)
-            hit = CacheHit("device", key, lease.slot, key.prefix_len) if lease else None
-        elif tier == "dram":
-            hit = self._reload(key)
-        if hit is not None and len(history) - hit.prefix_len > self.max_suffix_len:
-            hit = self._extend(hit, history)
-        self.tier_counts[hit.tier if hit else ("inflight" if tier == "inflight" else "miss")] += 1
-        return hit
-
-    def release(self, hit: CacheHit) -> None:
-        self.manager.unpin(hit.key)
-
-    def promote(self, user_id: str, history: History) -> bool:
-        """Reload the user's DRAM copy of a prefix of `history` into a device slot ahead of the
-        rank (no lookup is counted); False if it is not (only) in DRAM or the reload was skipped."""
-        steps = self.promote_steps(user_id, history)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as stop:
-                return stop.value
-
-    def promote_steps(self, user_id: str, history: History) -> Generator[Any, None, bool]:
-        """`promote` as steps of the store's copy (one graph call each). Meanwhile the slot is
-        reserved, so the prefix reads as in flight and nobody else reloads or uses it."""
-        tier, key = self.locate(user_id, history)
-        if tier != "dram":
-            return False
-        payload = self.expander.get(key)
-        if payload is None or not self.reload_is_cheaper(payload.nbytes, key.prefix_len):
+    def promote_steps(self, key: CacheKey) -> Generator[Any, None, bool]:
+        """Reload `key`'s DRAM copy into a device slot ahead of its rank, as steps of the store's copy
+        (one graph call each). Meanwhile the slot is reserved, so the prefix reads as in flight and
+        nobody else reloads or uses it. False when there is no copy, the device has it, no slot is
+        free, or recomputing is cheaper."""
+        payload = self.expander.peek(key) if self.expander is not None else None
+        if payload is None or self.manager.peek(key) is not None \
+                or not self.reload_is_cheaper(payload.nbytes, key.prefix_len):
             return False
         spills = self.spills
         lease = self.manager.allocate(key)
@@ -193,71 +171,68 @@ class RelayCache:
         self.promotions += 1
         return True
 
-    def rank(self, user_id: str, history: History, candidate_ids: Any) -> tuple[np.ndarray, str] | None:
-        """Scores from the cache and the tier that served them, or None on a miss."""
-        hit = self.acquire(user_id, history)
-        if hit is None:
-            return None
-        try:
-            scores = self.store.rank_cached(hit.slot, hit.prefix_len, history.slice(hit.prefix_len), candidate_ids)
-        finally:
-            self.release(hit)
-        return scores, hit.tier
+    # ----------------------------------------------------------------- device thread: rank
+    def acquire(self, user_id: str, history: History) -> CacheHit | None:
+        """Pin a device slot holding the longest cached prefix of `history` (reloading it from DRAM
+        if needed), or None. The caller extends it if the suffix is too long, and `release`s it."""
+        tier, key = self.locate(user_id, history)
+        if tier == "device":
+            lease = self.manager.lookup(key, pin=True)
+            return CacheHit("device", key, lease.slot, key.prefix_len) if lease else None
+        if tier == "dram":
+            return self._reload(key)
+        return None
 
-    def stats(self) -> dict[str, Any]:
-        out = {"tiers": dict(self.tier_counts), "extended_tokens": self.extended_tokens, "promotions": self.promotions,
-               "spills": self.spills, "device": self.manager.stats()}
-        if self.expander is not None:
-            out["dram"] = self.expander.stats()
-        return out
+    def release(self, hit: CacheHit) -> None:
+        self.manager.unpin(hit.key)
 
-    # ----------------------------------------------------------------- internals
-    def matches(self, key: CacheKey, history: History) -> bool:
-        """True iff `key` was built from exactly the first key.prefix_len events of `history` (R2)."""
-        return (key.model_version == self.model_version and key.prefix_len <= len(history)
-                and prefix_hash(history, key.prefix_len) == key.prefix_hash)
-
-    def _forget_inflight(self, key: CacheKey) -> None:
-        if self._inflight.get(key.user_id) == key:
-            del self._inflight[key.user_id]
-
-    def _reload(self, key: CacheKey) -> CacheHit | None:
-        payload = self.expander.get(key)
-        if payload is None or not self.reload_is_cheaper(payload.nbytes, key.prefix_len):
-            return None
-        lease = self.manager.allocate(key)
-        if lease is None:
-            return None  # every slot is pinned or reserved: recompute instead
-
-        def copy(p: Any) -> int:
-            self.store.import_slot(lease.slot, p)
-            return lease.slot
-
-        try:
-            self.expander.reload(key, copy, device_has_copy=None)
-        except BaseException:
-            self.abort(lease)
-            raise
-        self.manager.mark_ready(key)
-        self.manager.pin(key)
-        return CacheHit("dram", key, lease.slot, key.prefix_len)
-
-    def _extend(self, hit: CacheHit, history: History) -> CacheHit | None:
-        """Append the events the user did since the cached prefix, re-keying the entry."""
-        new_events = len(history) - hit.prefix_len
+    def extend_steps(self, hit: CacheHit, history: History, chunk_len: int) -> Generator[None, None, CacheHit | None]:
+        """Compute the events of `history` after the pinned `hit` in its slot, `chunk_len` events per
+        step (yielding after each), and re-key the entry to the whole `history`; the hit stays pinned.
+        None (hit released) when the history does not fit the slot or is already cached under its own key."""
         new_key = self.key_for(hit.key.user_id, history)
-        if (new_events > self.max_extend_len or len(history) > self.max_prefix_len
-                or self.manager.peek(new_key) is not None):
+        if len(history) > self.max_prefix_len or self.manager.peek(new_key) is not None:
             self.release(hit)
             return None
-        self.store.prefill(hit.slot, history, start=hit.prefix_len)
+        try:
+            yield from self.extension_chunks(hit.slot, history, hit.prefix_len, chunk_len)
+        except BaseException:
+            self.release(hit)
+            raise
         self.manager.rekey(hit.key, new_key)
-        self._latest[new_key.user_id] = new_key
-        self.extended_tokens += new_events
+        self._supersede(new_key, history)
         return CacheHit("partial", new_key, hit.slot, len(history))
 
+    def reopen(self, key: CacheKey, history: History) -> SlotLease | None:
+        """Turn the unpinned READY device entry of `key` (a prefix of `history`) into a reservation of
+        the whole `history`, to extend it over several device steps (`extension_chunks`, then
+        `commit` or `abort`). None when the history does not fit a slot, is cached already, or the
+        entry is gone, pinned or not READY."""
+        new_key = self.key_for(key.user_id, history)
+        lease = self.manager.peek(key)
+        if (len(history) > self.max_prefix_len or self.manager.peek(new_key) is not None or lease is None
+                or lease.state is not EntryState.READY or not self.matches(key, history)):
+            return None
+        try:
+            return self.manager.reopen(key, new_key)
+        except ValueError:  # pinned
+            return None
+
+    def extension_chunks(self, slot: int, history: History, start: int, chunk_len: int) -> Iterator[None]:
+        """Compute events [start, n) of `history` into `slot` (which holds [0, start)), `chunk_len` per
+        graph call, yielding after each."""
+        if chunk_len < 1:
+            raise ValueError(f"chunk_len={chunk_len!r}: must be >= 1")
+        while start < len(history):
+            end = min(len(history), start + chunk_len)
+            self.store.prefill(slot, history.slice(0, end), start=start)
+            self.extended_tokens += end - start
+            start = end
+            yield
+
+    # ----------------------------------------------------------------- device thread: admin
     def flush(self) -> None:
-        """Drop every READY entry (no spill) and the whole DRAM tier."""
+        """Drop every READY device entry (no spill) and every DRAM copy."""
         self._flushing = True
         try:
             for lease in self.manager.leases():
@@ -269,15 +244,72 @@ class RelayCache:
         finally:
             self._flushing = False
         if self.expander is not None:
-            for key in list(self._latest.values()):
-                self.expander.discard(key)
-        self._latest.clear()
+            self.expander.clear()
+
+    def drop(self, key: CacheKey, reason: str) -> bool:
+        """Drop `key` from both tiers without spilling (e.g. a corrupted slot); False if it is pinned
+        or its prefill is running."""
+        if self.expander is not None:
+            self.expander.discard(key)
+        lease = self.manager.peek(key)
+        if lease is None:
+            return True
+        return lease.state is EntryState.READY and self._release(key, reason)
+
+    # ----------------------------------------------------------------- internals
+    def _release(self, key: CacheKey, reason: str) -> bool:
+        self._releasing[key] = reason
+        try:
+            self.manager.release(key)
+            return True
+        except ValueError:
+            logger.debug("%s entry %s is pinned; it will age out", reason, key)
+            return False
+        finally:
+            del self._releasing[key]
+
+    def _supersede(self, key: CacheKey, history: History) -> None:
+        """Drop the user's READY entries and DRAM copies that are strict prefixes of `history`."""
+        dram = self.expander.keys_of(key.user_id) if self.expander is not None else []
+        for old in {*self.manager.keys_of(key.user_id), *dram}:
+            if old == key or old.prefix_len >= key.prefix_len or not self.matches(old, history):
+                continue
+            if self.expander is not None:
+                self.expander.discard(old)
+            lease = self.manager.peek(old)
+            if lease is not None and lease.state is EntryState.READY and self._release(old, "superseded"):
+                self.superseded += 1
+
+    def _reload(self, key: CacheKey) -> CacheHit | None:
+        payload = self.expander.peek(key)
+        if payload is None or not self.reload_is_cheaper(payload.nbytes, key.prefix_len):
+            return None
+        lease = self.manager.allocate(key)
+        if lease is None:
+            return None  # every slot is pinned or reserved: recompute instead
+
+        def copy(p: Any) -> int:
+            self.store.import_slot(lease.slot, p)
+            return lease.slot
+
+        try:
+            copied = self.expander.reload(key, copy, device_has_copy=None)
+        except BaseException:
+            self.abort(lease)
+            raise
+        if copied is None:  # the copy expired in between
+            self.abort(lease)
+            return None
+        self.manager.mark_ready(key)
+        self.manager.pin(key)
+        return CacheHit("dram", key, lease.slot, key.prefix_len)
 
     def _on_evict(self, key: CacheKey, slot: int, was_used: bool, reason: str) -> None:
-        spill = self.expander is not None and not self._flushing and self.expander.should_spill(was_used)
+        spill = (self.expander is not None and not self._flushing and key not in self._releasing
+                 and self.expander.should_spill(was_used))
         if spill and not self.expander.contains(key):
             self.expander.put(key, self.store.export_slot(slot))
             self.spills += 1
         self.store.release_slot(slot)
         if self.on_evicted is not None:
-            self.on_evicted(key)
+            self.on_evicted(key, self._releasing.get(key, reason))

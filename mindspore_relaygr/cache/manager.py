@@ -17,8 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from mindspore_relaygr.cache.keys import CacheKey, prefix_hash
-from mindspore_relaygr.model.inputs import History
+from mindspore_relaygr.cache.keys import CacheKey
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +52,6 @@ class Eviction:
 class CacheCounters:
     lookups: int = 0
     hits: int = 0
-    partial_hits: int = 0
-    inflight_hits: int = 0
     misses: int = 0  # lookup() calls without an exact READY hit
     allocations: int = 0
     allocation_failures: int = 0
@@ -62,6 +59,17 @@ class CacheCounters:
     evictions_expired: int = 0
     evictions_lru: int = 0
     evictions_released: int = 0
+
+
+@dataclass
+class DeviceTierStats(CacheCounters):
+    """The manager's counters and the pool's occupancy."""
+
+    num_slots: int = 0
+    num_free_slots: int = 0
+    num_ready: int = 0
+    num_reserved: int = 0
+    bytes_in_use: int = 0
 
 
 @dataclass
@@ -104,6 +112,7 @@ class KVCacheManager:
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[CacheKey, _Entry] = {}
+        self._by_user: dict[str, set[CacheKey]] = {}
         self._free = list(range(num_slots))  # a heap: the lowest free slot is handed out first
         self._counters = CacheCounters()
 
@@ -145,7 +154,7 @@ class KVCacheManager:
         """The prefill of `key` failed: drop the RESERVED entry and free its slot (no eviction hook)."""
         with self._lock:
             entry = self._get(key, EntryState.RESERVED, "abort")
-            del self._entries[entry.key]
+            self._drop(entry)
             heapq.heappush(self._free, entry.slot)
             self._counters.aborts += 1
 
@@ -166,33 +175,10 @@ class KVCacheManager:
             entry = self._entries.get(key)
             return None if entry is None else entry.lease()
 
-    def find_inflight(self, key: CacheKey) -> SlotLease | None:
-        """The RESERVED entry of `key` (its prefill is running), else None."""
+    def keys_of(self, user_id: str) -> list[CacheKey]:
+        """Keys of the user's entries (any state), longest prefix first."""
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None or entry.state is not EntryState.RESERVED:
-                return None
-            self._counters.inflight_hits += 1
-            return entry.lease()
-
-    def find_partial(self, user_id: str, model_version: str, history: History,
-                     pin: bool = False) -> SlotLease | None:
-        """The longest READY prefix of this user+version that is a strict prefix of `history`."""
-        with self._lock:
-            hashes: dict[int, str] = {}
-            best = None
-            for k, entry in self._entries.items():
-                if (k.user_id, k.model_version) != (user_id, model_version) or entry.state is not EntryState.READY \
-                        or k.prefix_len >= len(history) or (best is not None and k.prefix_len <= best.key.prefix_len):
-                    continue
-                if k.prefix_len not in hashes:
-                    hashes[k.prefix_len] = prefix_hash(history, k.prefix_len)
-                if hashes[k.prefix_len] == k.prefix_hash:
-                    best = entry
-            if best is None:
-                return None
-            self._counters.partial_hits += 1
-            return self._use(best, pin)
+            return sorted(self._by_user.get(user_id, ()), key=lambda k: -k.prefix_len)
 
     def leases(self) -> list[SlotLease]:
         """Snapshot of every entry, by slot."""
@@ -201,20 +187,41 @@ class KVCacheManager:
 
     def rekey(self, old_key: CacheKey, new_key: CacheKey) -> SlotLease:
         """The READY entry of `old_key` was extended in place and now caches `new_key`'s prefix."""
-        if (old_key.user_id, old_key.model_version) != (new_key.user_id, new_key.model_version) \
-                or new_key.prefix_len <= old_key.prefix_len:
-            raise ValueError(f"cannot rekey {old_key} to {new_key}: need the same user and version "
-                             f"and a longer prefix")
+        self._check_extension("rekey", old_key, new_key)
         with self._lock:
             entry = self._get(old_key, EntryState.READY, "rekey")
             if new_key in self._entries:
                 raise ValueError(f"cannot rekey {old_key}: {new_key} is already cached "
                                  f"(state {self._entries[new_key].state.name})")
-            del self._entries[entry.key]
+            self._drop(entry)
             entry.key = new_key
             entry.last_use = self._clock()
             self._add(entry)
             return entry.lease()
+
+    def reopen(self, old_key: CacheKey, new_key: CacheKey) -> SlotLease:
+        """The unpinned READY entry of `old_key` is about to be extended in place over several device
+        steps: it becomes RESERVED under `new_key` (never evicted or used meanwhile); `mark_ready` or
+        `abort` it like a new prefill."""
+        self._check_extension("reopen", old_key, new_key)
+        with self._lock:
+            entry = self._get(old_key, EntryState.READY, "reopen")
+            if entry.pins:
+                raise ValueError(f"cannot reopen {old_key}: pinned {entry.pins} times")
+            if new_key in self._entries:
+                raise ValueError(f"cannot reopen {old_key}: {new_key} is already cached "
+                                 f"(state {self._entries[new_key].state.name})")
+            self._drop(entry)
+            entry.key, entry.state, entry.last_use = new_key, EntryState.RESERVED, self._clock()
+            self._add(entry)
+            return entry.lease()
+
+    @staticmethod
+    def _check_extension(action: str, old_key: CacheKey, new_key: CacheKey) -> None:
+        if (old_key.user_id, old_key.model_version) != (new_key.user_id, new_key.model_version) \
+                or new_key.prefix_len <= old_key.prefix_len:
+            raise ValueError(f"cannot {action} {old_key} to {new_key}: need the same user and version "
+                             f"and a longer prefix")
 
     def pin(self, key: CacheKey) -> None:
         """Protect a READY entry from eviction until the matching `unpin`."""
@@ -256,13 +263,13 @@ class KVCacheManager:
         with self._lock:
             return len(self._entries) * self.slot_bytes
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> DeviceTierStats:
         with self._lock:
             states = [e.state for e in self._entries.values()]
-            return {**asdict(self._counters),
-                    "num_slots": self.num_slots, "num_free_slots": len(self._free),
-                    "num_ready": states.count(EntryState.READY), "num_reserved": states.count(EntryState.RESERVED),
-                    "bytes_in_use": len(self._entries) * self.slot_bytes}
+            return DeviceTierStats(**asdict(self._counters), num_slots=self.num_slots,
+                                   num_free_slots=len(self._free), num_ready=states.count(EntryState.READY),
+                                   num_reserved=states.count(EntryState.RESERVED),
+                                   bytes_in_use=len(self._entries) * self.slot_bytes)
 
     def _get(self, key: CacheKey, state: EntryState | None, action: str) -> _Entry:
         entry = self._entries.get(key)
@@ -289,15 +296,23 @@ class KVCacheManager:
 
     def _add(self, entry: _Entry) -> None:
         self._entries[entry.key] = entry
+        self._by_user.setdefault(entry.key.user_id, set()).add(entry.key)
         assert len(self._entries) + len(self._free) <= self.num_slots
 
     def _remove(self, entry: _Entry, reason: str) -> Eviction:
         """Drop an evictable entry and count it; its slot is not free yet."""
         assert entry.state is EntryState.READY and entry.pins == 0, entry
-        del self._entries[entry.key]
+        self._drop(entry)
         setattr(self._counters, f"evictions_{reason}", getattr(self._counters, f"evictions_{reason}") + 1)
         logger.debug("evict %s from slot %d (%s)", entry.key, entry.slot, reason)
         return Eviction(entry.key, entry.slot, entry.used, reason)
+
+    def _drop(self, entry: _Entry) -> None:
+        del self._entries[entry.key]
+        keys = self._by_user[entry.key.user_id]
+        keys.discard(entry.key)
+        if not keys:
+            del self._by_user[entry.key.user_id]
 
     def _notify(self, eviction: Eviction | None, free_slot: bool = False) -> None:
         """Run the eviction hook outside the lock, then (if asked) hand the slot back."""

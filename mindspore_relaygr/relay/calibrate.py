@@ -66,3 +66,22 @@ def calibrate_latency(model: Any, prefill_chunk_len: int, repeats: int = 3, slot
         return LatencyModel.calibrate(measure, calibration_shapes(model, prefill_chunk_len), repeats=repeats)
     finally:
         model.release_slot(slot)
+
+
+def measure_copy_bytes_per_s(model: Any, prefill_chunk_len: int, repeats: int = 3, slot: int = 0) -> float:
+    """DRAM -> device bandwidth of a slot reload (`import_slot`) of the longest prefix a slot holds,
+    best of `repeats`; uses and then releases `slot` (call it on the device thread, before serving)."""
+    user = 1 if model.cfg.user_feature_sizes else 0
+    events = model.layout.slot_len - user
+    try:
+        model.release_slot(slot)
+        _drain(model.prefill_steps(slot, synthetic_history(model.cfg, events, seed=events), prefill_chunk_len))
+        copy = model.export_slot(slot)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model.import_slot(slot, copy)
+            best = min(best, time.perf_counter() - t0)
+        return copy.nbytes / max(best, 1e-9)
+    finally:
+        model.release_slot(slot)

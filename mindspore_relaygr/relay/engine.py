@@ -14,9 +14,10 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -27,8 +28,13 @@ from mindspore_relaygr.cache.keys import CacheKey
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.errors import Overloaded
 from mindspore_relaygr.model.inputs import History, validate_candidates, validate_history
-from mindspore_relaygr.relay.executor import PREFILL, RANK, DeviceExecutor
+from mindspore_relaygr.relay.audit import TOLERANCE as AUDIT_TOLERANCE
+from mindspore_relaygr.relay.audit import ExactnessAudit
+from mindspore_relaygr.relay.executor import AUDIT, PREFILL, RANK, DeviceExecutor, ExecutorClosed
 from mindspore_relaygr.relay.latency import LatencyModel
+from mindspore_relaygr.relay.ledger import EXTEND, PENDING, PREFETCH, Relay, RelayLedger
+from mindspore_relaygr.relay.ledger import PREFILL as PREFILL_RELAY
+from mindspore_relaygr.relay.stats import DeviceWorkCounts, EngineStats, RankTierCounts
 from mindspore_relaygr.relay.trigger import SequenceAwareTrigger
 from mindspore_relaygr.relay.types import PreinferResult, RankResult
 
@@ -39,34 +45,8 @@ def engine_chunk_bucket(model: Any, config: RelayGRConfig) -> int:
     """Largest prefix-graph chunk the engine uses: a prefill chunk or an incremental extension."""
     from mindspore_relaygr.model.inputs import bucket_for
 
-    chunk = max(config.trigger.prefill_chunk_len, config.cache.max_extend_len)
+    chunk = config.trigger.prefill_chunk_len
     return bucket_for(min(chunk, model.prefix_buckets[-1]), model.prefix_buckets, "chunk")
-
-
-@dataclass
-class _InflightPrefill:
-    """An admitted prefill not finished yet, with the predicted cost of each chunk and its progress."""
-
-    key: CacheKey
-    future: Future
-    chunk_ms: list[float]
-    chunks_done: int = 0
-
-    def remaining_ms(self) -> float:
-        return sum(self.chunk_ms[self.chunks_done:])
-
-
-def _counting(steps, record: _InflightPrefill):
-    """Run `steps`, counting each chunk done in `record` (its remaining time shrinks)."""
-    while True:
-        try:
-            done = next(steps)
-        except StopIteration as stop:
-            record.chunks_done = len(record.chunk_ms)
-            return stop.value
-        if done is not SPILLED:
-            record.chunks_done += 1
-        yield
 
 
 class RelayEngine:
@@ -76,7 +56,6 @@ class RelayEngine:
         self.config, self.model, self.latency, self.instance_id = config, model, latency, instance_id
         cfg = config
         self._user_tokens = 1 if cfg.model.user_feature_sizes else 0
-        self._max_uncached_events = max(cfg.model.max_suffix_len, cfg.cache.max_extend_len)
         self.executor = DeviceExecutor(name=f"relaygr-device-{instance_id}")
         manager = KVCacheManager(model.num_slots, model.layout.slot_bytes, cfg.cache.lifetime_ms)
         expander = None
@@ -87,18 +66,32 @@ class RelayEngine:
             if seconds:
                 logger.info("touched a %.2f GB host arena for the DRAM tier in %.1f s",
                             cfg.expander.dram_bytes / 1e9, seconds)
+        self.copy_bytes_per_s = self._copy_bandwidth()
         self.cache = RelayCache(model, manager, expander, model_version=model.version,
-                                max_suffix_len=cfg.model.max_suffix_len, max_extend_len=cfg.cache.max_extend_len,
                                 max_prefix_len=model.layout.slot_len - self._user_tokens,
                                 reload_is_cheaper=self._reload_is_cheaper)
+        self.ledger = RelayLedger()
         self.cache.on_evicted = self._on_evicted
         self.trigger = SequenceAwareTrigger(cfg.trigger, latency, model.layout.slot_bytes, model.num_slots)
-        self._lock = threading.RLock()
-        self._pending: dict[str, _InflightPrefill] = {}  # user -> admitted prefill not finished
-        self._unconsumed: dict[str, CacheKey] = {}  # user -> relayed prefix not yet used by a rank
+        self._lock = threading.Lock()  # the counters below and the queued-rank estimate
         self._queued_rank_ms = 0.0
-        self.counters: Counter[str] = Counter()
+        self.ranks = RankTierCounts()
+        self.work = DeviceWorkCounts()
+        self.audit = ExactnessAudit(cfg.relay.audit_fraction)
+        self.preinfers: Counter[str] = Counter()
         self.ready = True
+
+    def _copy_bandwidth(self) -> float:
+        """expander.copy_bytes_per_s, or (null) the DRAM -> device bandwidth measured now on the device thread."""
+        configured = self.config.expander.copy_bytes_per_s
+        if configured is not None or not self.config.expander.enabled:
+            return float(configured or 1e9)
+        from mindspore_relaygr.relay import calibrate
+
+        measured = self.executor.submit(lambda: calibrate.measure_copy_bytes_per_s(
+            self.model, self.config.trigger.prefill_chunk_len), label="measure_copy").result()
+        logger.info("DRAM -> device copy bandwidth: %.2f GB/s (measured)", measured / 1e9)
+        return measured
 
     @classmethod
     def from_config(cls, config: RelayGRConfig, instance_id: str = "i0", model: Any = None) -> RelayEngine:
@@ -136,86 +129,164 @@ class RelayEngine:
         key = self.cache.key_for(user_id, hist)
         tier, found = self.cache.locate(user_id, hist)
         # A cached (or running) prefix of this history serves it when the events since fit in the
-        # suffix (or an extension) of the rank: no new prefill for a returning user whose history grew.
-        usable = found is not None and len(hist) - found.prefix_len <= self._max_uncached_events
-        with self._lock:
-            pending = self._pending.get(user_id)
-            inflight = (pending is not None and (pending.key == key or (usable and pending.key == found))) or (
-                tier == "inflight" and usable)
+        # rank's suffix: no new work for a returning user whose history grew a little. When they do
+        # not, a cached prefix is extended by just those events if that beats a fresh prefill.
+        usable = found is not None and len(hist) - found.prefix_len <= self.config.model.max_suffix_len
+        extend = (not usable and found is not None and tier in ("device", "dram")
+                  and self._extension_pays(found, tier, len(hist)))
+        num_candidates = num_candidates or self.config.model.max_candidates
+        with self.ledger.lock:
+            relays = [self.ledger.get(key)] + ([self.ledger.get(found)] if usable or extend else [])
+            inflight = any(r is not None and r.state in PENDING for r in relays) or (tier == "inflight" and usable)
             cached = tier in ("device", "dram") and usable
-            num_candidates = num_candidates or self.config.model.max_candidates
-            decision = self.trigger.decide(len(hist) + self._user_tokens, num_candidates, cached, inflight)
-            if decision.reason == "already_cached" and tier == "dram" and self.config.expander.enable_prefetch:
+            decision = self.trigger.decide(len(hist) + self._user_tokens, num_candidates, self.ledger.footprint(),
+                                           cached, inflight,
+                                           extension_tokens=len(hist) - found.prefix_len if extend else None)
+            if (decision.reason == "already_cached" and tier == "dram" and self.config.expander.enable_prefetch
+                    and self.ledger.get(found) is None):
                 # Reload now, in the background: at rank time the copy would sit on the rank's path.
-                # Tracked like a prefill, so the user's rank waits for it (boosted) instead of missing.
-                self._start_inflight(user_id, found, self._predicted_copy_ms(found),
-                                     self._promote_steps(user_id, hist), "dram_prefetch")
-            if decision.admitted:
+                # A relay like a prefill, so the user's rank waits for it (boosted) instead of missing.
+                relay = self.ledger.admit(user_id, found, PREFETCH, self._predicted_copy_ms(found),
+                                          self.config.cache.lifetime_ms)
+                self._submit(relay, self._promote_steps(relay), "dram_prefetch")
+            if decision.admitted and extend:
+                relay = self.ledger.admit(user_id, key, EXTEND, self._predicted_extension_ms(found, tier, len(hist)),
+                                          self.config.cache.lifetime_ms)
+                self._submit(relay, self._extension_steps(relay, found, hist), "extend_chunk")
+            elif decision.admitted:
                 chunk_ms = self.latency.predict_prefill_chunks_ms(len(hist) + self._user_tokens,
                                                                   self.config.trigger.prefill_chunk_len)
-                self._start_inflight(user_id, key, chunk_ms, self._prefill_steps(user_id, hist, key),
-                                     "prefill_chunk")
+                relay = self.ledger.admit(user_id, key, PREFILL_RELAY, chunk_ms, self.config.cache.lifetime_ms)
+                self._submit(relay, self._prefill_steps(relay, hist), "prefill_chunk")
         short_key = key.prefix_hash[:16] if decision.admitted else None
         return self._count_preinfer(PreinferResult(decision.admitted, decision.reason, short_key,
                                                    decision.predicted_full_ms))
 
-    def _start_inflight(self, user_id: str, key: CacheKey, step_ms: list[float], steps, label: str) -> None:
-        """Queue device work that makes `key` ready (lock held); `steps` yields after each step."""
-        record = _InflightPrefill(key, Future(), step_ms)
-        self._pending[user_id] = record
-        record.future = self.executor.submit_steps(_counting(steps, record), PREFILL, label=label)
-        # Runs at once, in this thread, if the work already finished: hence the re-entrant lock.
-        record.future.add_done_callback(lambda f, u=user_id, k=key: self._prefill_done(u, k, f))
+    def _submit(self, relay: Relay, steps: Iterator[Any], label: str) -> None:
+        """Queue a relay's device work (ledger lock held, so nobody sees the relay without its future)."""
+        relay.future = self.executor.submit_steps(steps, PREFILL, label=label)
+        relay.future.add_done_callback(lambda f, r=relay: self._relay_done(r, f))
 
-    def _prefill_steps(self, user_id: str, hist: History, key: CacheKey):
+    def _relay_done(self, relay: Relay, future: Future) -> None:
+        error = future.exception() if not future.cancelled() else None
+        if error is None and not future.cancelled():
+            return
+        logger.error("%s of %s failed: %s", relay.kind, relay.key, error or "cancelled")
+        with self._lock:
+            self.work.prefill_errors += 1
+        with self.ledger.lock:
+            if self.ledger.get(relay.key) is relay and relay.state in PENDING:
+                self.ledger.drop(relay.key, "failed")
+
+    def _prefill_steps(self, relay: Relay, hist: History) -> Iterator[Any]:
         """Device thread: reserve a slot and prefill in chunks, yielding between chunks (and after
         a spill: copying a long evicted prefix to DRAM costs about as much as a chunk)."""
         spills = self.cache.spills
-        lease = self.cache.reserve(user_id, hist)
+        lease = self.cache.reserve(relay.user_id, hist)
         if lease is None:
-            self.trigger.on_dropped(ready=False)
-            self.counters["prefill_no_slot"] += 1
-            return False
+            self.ledger.drop(relay.key, "no_slot")
+            self.work.prefill_no_slot += 1
+            return
+        self.ledger.start(relay.key)
         try:
             if self.cache.spills != spills:
                 yield SPILLED
+            done = 0
             for cached in self.model.prefill_steps(lease.slot, hist, self.config.trigger.prefill_chunk_len):
-                self.counters["prefill_chunks"] += 1
+                self.work.prefill_chunks += 1
+                self.work.prefill_events += cached - done
+                done = cached
+                self.ledger.step_done(relay.key)
                 if cached < len(hist):
                     yield
         except BaseException:
             self.cache.abort(lease)
-            self.trigger.on_dropped(ready=False)
             raise
-        self.cache.commit(lease)
-        self.trigger.on_ready()
-        with self._lock:
-            self._unconsumed[user_id] = key
-        self.counters["prefills"] += 1
-        return True
+        self.cache.commit(lease, hist)
+        self.ledger.ready(relay.key)
+        self.work.prefills += 1
 
-    def _promote_steps(self, user_id: str, hist: History):
+    def _extension_steps(self, relay: Relay, found: CacheKey, hist: History) -> Iterator[Any]:
+        """Device thread: extend the user's cached prefix `found` (brought back from DRAM first if it
+        is only there) by the events since, in chunks, in its own slot; ranks run between chunks."""
+        self.ledger.start(relay.key)
+        if self.cache.manager.peek(found) is None:
+            steps = self.cache.promote_steps(found)
+            while True:
+                try:
+                    done = next(steps)
+                except StopIteration as stop:
+                    promoted = stop.value
+                    break
+                if done is not SPILLED:
+                    self.ledger.step_done(relay.key)
+                yield done
+            if not promoted:
+                self.ledger.drop(relay.key, "no_slot")
+                self.work.prefill_no_slot += 1
+                return
+        lease = self.cache.reopen(found, hist)
+        if lease is None:  # evicted, pinned or superseded meanwhile
+            self.ledger.drop(relay.key, "no_slot")
+            self.work.prefill_no_slot += 1
+            return
+        self.ledger.on_evicted(found, superseded=True)  # a READY relay of the shorter prefix, never used
+        try:
+            for _ in self.cache.extension_chunks(lease.slot, hist, found.prefix_len,
+                                                 self.config.trigger.prefill_chunk_len):
+                self.work.extension_chunks += 1
+                self.ledger.step_done(relay.key)
+                yield
+        except BaseException:
+            self.cache.abort(lease)
+            raise
+        self.cache.commit(lease, hist)
+        self.ledger.ready(relay.key)
+        self.work.extensions += 1
+
+    def _extension_pays(self, found: CacheKey, tier: str, num_events: int) -> bool:
+        """Extending `found` (on the device, or in DRAM: plus the copy back) to `num_events` is enabled,
+        fits a slot and is predicted to beat a fresh prefill of all of them."""
+        if not self.config.cache.enable_extension or num_events > self.cache.max_prefix_len:
+            return False
+        cost = sum(self._predicted_extension_ms(found, tier, num_events))
+        return cost < self.latency.predict_prefill_ms(num_events + self._user_tokens)
+
+    def _predicted_extension_ms(self, found: CacheKey, tier: str, num_events: int) -> list[float]:
+        """Predicted cost of each step of extending `found` to `num_events`: copied layers, then chunks."""
+        copy = self._predicted_copy_ms(found) if tier == "dram" else []
+        return copy + self.latency.predict_extend_chunks_ms(found.prefix_len + self._user_tokens,
+                                                            num_events - found.prefix_len,
+                                                            self.config.trigger.prefill_chunk_len)
+
+    def _promote_steps(self, relay: Relay) -> Iterator[Any]:
         """Device thread: bring the user's DRAM copy back to a slot before their rank arrives, one
         layer per step (a long prefix's copy would otherwise block ranks for longer than a chunk)."""
-        promoted = yield from self.cache.promote_steps(user_id, hist)
+        self.ledger.start(relay.key)
+        steps = self.cache.promote_steps(relay.key)
+        while True:
+            try:
+                done = next(steps)
+            except StopIteration as stop:
+                promoted = stop.value
+                break
+            if done is not SPILLED:
+                self.ledger.step_done(relay.key)
+            yield done
         if promoted:
-            self.counters["dram_prefetches"] += 1
-        return promoted
+            self.ledger.ready(relay.key)
+            self.work.dram_prefetches += 1
+        else:
+            self.ledger.drop(relay.key, "no_slot")
 
     def _predicted_copy_ms(self, key: CacheKey) -> list[float]:
         """Predicted cost of each layer's copy of `key`'s DRAM copy back to the device."""
         layers = self.model.layout.num_layers
         nbytes = self.model.layout.token_bytes * (key.prefix_len + self._user_tokens)
-        return [nbytes / (self.config.expander.copy_bytes_per_s or 1e9) * 1e3 / layers] * layers
+        return [nbytes / self.copy_bytes_per_s * 1e3 / layers] * layers
 
-    def _prefill_done(self, user_id: str, key: CacheKey, future: Future) -> None:
-        with self._lock:
-            pending = self._pending.get(user_id)
-            if pending is not None and pending.key == key:
-                del self._pending[user_id]
-        if future.exception() is not None:
-            logger.error("prefill for %s failed: %s", user_id, future.exception())
-            self.counters["prefill_errors"] += 1
+    def _on_evicted(self, key: CacheKey, reason: str) -> None:
+        self.ledger.on_evicted(key, superseded=reason == "superseded")
 
     # ------------------------------------------------------------------ rank
     def rank(self, user_id: str, history: Any, candidate_ids: Any, top_k: int | None = None) -> RankResult:
@@ -244,33 +315,37 @@ class RelayEngine:
 
         scores, tier, truncated = self.executor.submit(on_device, RANK, label="rank").result()
         timing.update(wait=wait_ms, total=(time.perf_counter() - t0) * 1e3)
-        self.counters[f"rank_{tier}"] += 1
-        self.counters["truncations"] += int(truncated)
+        with self._lock:
+            setattr(self.ranks, tier, getattr(self.ranks, tier) + 1)
+            self.work.truncations += int(truncated)
         return RankResult(scores, self._ranking(scores, top_k), tier, truncated, timing)
 
     def _wait_for_inflight(self, user_id: str, hist: History, cands: np.ndarray) -> tuple[float, bool]:
-        """Wait for this key's running prefill when it should finish before a miss would.
+        """Wait for the running relay of the longest prefix of this history, when it should finish
+        before a miss would.
 
-        If its predicted remaining chunks cost less than the miss path, the prefill is boosted to rank
-        priority and waited for up to max(relay.inflight_wait_ms, remaining + miss): a stalled prefill
-        costs at most one miss's worth of extra waiting. Otherwise it is waited for up to
-        relay.inflight_wait_ms only (recomputing is predicted to be faster)."""
-        with self._lock:
-            pending = self._pending.get(user_id)
-        if pending is None or not self.cache.matches(pending.key, hist):
+        If its predicted remaining steps cost less than the miss path, it is boosted to rank priority
+        and waited for up to max(relay.inflight_wait_ms, remaining + miss): a stalled relay costs at
+        most one miss's worth of extra waiting. Otherwise it is waited for up to relay.inflight_wait_ms
+        only (recomputing is predicted to be faster)."""
+        relay = next((r for r in self.ledger.of_user(user_id)
+                      if r.state in PENDING and self.cache.matches(r.key, hist)), None)
+        if relay is None:
             return 0.0, False
         patience = self.config.relay.inflight_wait_ms
-        remaining, miss_ms = pending.remaining_ms(), self._predicted_miss_ms(hist, cands)
+        remaining, miss_ms = relay.remaining_ms(), self._predicted_miss_ms(hist, cands)
         if remaining <= miss_ms:
-            self.executor.boost(pending.future)
-            self.counters["inflight_boosts"] += 1
+            self.executor.boost(relay.future)
+            with self._lock:
+                self.work.inflight_boosts += 1
             patience = max(patience, remaining + miss_ms)
         t0 = time.perf_counter()
         try:
-            pending.future.result(timeout=patience / 1e3)
+            relay.future.result(timeout=patience / 1e3)
         except FutureTimeout:
-            self.counters["inflight_wait_timeouts"] += 1
-        except Exception:  # noqa: BLE001 - the prefill failed: rank without it
+            with self._lock:
+                self.work.inflight_wait_timeouts += 1
+        except Exception:  # noqa: BLE001 - the relay failed: rank without it
             pass
         return (time.perf_counter() - t0) * 1e3, True
 
@@ -281,12 +356,57 @@ class RelayEngine:
         hit = self.cache.acquire(user_id, hist)
         if hit is None:
             return self._rank_miss(hist, cands)
+        self.ledger.consume(hit.key)
+        tier = "inflight" if waited and hit.tier == "device" else hit.tier
+        if len(hist) - hit.prefix_len > self.config.model.max_suffix_len:
+            hit = self._extend(hit, hist, cands)
+            if hit is None:
+                return self._rank_miss(hist, cands)
+            tier = "partial"
         try:
             scores = self.model.rank_cached(hit.slot, hit.prefix_len, hist.slice(hit.prefix_len), cands)
         finally:
             self.cache.release(hit)
-        self._consume(user_id, hit)
-        return scores, ("inflight" if waited and hit.tier == "device" else hit.tier), False
+        if self.audit.sample():
+            try:
+                self.executor.submit(lambda: self._audit(hit.key, hist, cands, scores), AUDIT, label="audit")
+            except ExecutorClosed:
+                self.audit.finished(None)
+        return scores, tier, False
+
+    def _audit(self, key: CacheKey, hist: History, cands: np.ndarray, cached: np.ndarray) -> None:
+        """Device thread, when idle: recompute a cached rank in full; drop the entry if they differ."""
+        try:
+            diff = float(np.max(np.abs(np.asarray(cached, np.float64) - self.model.rank_full(hist, cands))))
+        except Exception:  # noqa: BLE001 - nobody waits on an audit: log it, count it as skipped
+            logger.exception("exactness audit of %s failed", key)
+            self.audit.finished(None)
+            return
+        if self.audit.finished(diff):
+            logger.error("exactness audit: ranks from cache entry %s differ from full inference by %.3g "
+                         "(> %g); entry dropped", key, diff, AUDIT_TOLERANCE)
+            if not self.cache.drop(key, "audit"):
+                logger.error("exactness audit: could not drop %s (pinned or being written)", key)
+
+    def _extend(self, hit: CacheHit, hist: History, cands: np.ndarray) -> CacheHit | None:
+        """Compute the events after the cached prefix in its slot, in chunks, when that and the rank
+        are predicted to beat a miss; else release the hit and return None (a miss)."""
+        # Extended to the whole history, the rank's suffix graph then runs on no events.
+        ranked = self.latency.predict_relay_ms(len(hist) + self._user_tokens, 0, len(cands))
+        cost = sum(self._predicted_extension_ms(hit.key, "device", len(hist))) + ranked
+        if (not self.config.cache.enable_extension or len(hist) > self.cache.max_prefix_len
+                or cost >= self._predicted_miss_ms(hist, cands)):
+            self.cache.release(hit)
+            return None
+        steps = self.cache.extend_steps(hit, hist, self.config.trigger.prefill_chunk_len)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as stop:
+                if stop.value is not None:
+                    self.work.extensions += 1
+                return stop.value
+            self.work.extension_chunks += 1
 
     def _rank_miss(self, hist: History, cands: np.ndarray):
         return self._rank_truncated(hist, cands, self._miss_events(hist, cands), "miss")
@@ -310,21 +430,6 @@ class RelayEngine:
         recent = hist.slice(len(hist) - max_events) if truncated else hist
         return self.model.rank_full(recent, cands), tier, truncated
 
-    def _consume(self, user_id: str, hit: CacheHit) -> None:
-        with self._lock:
-            relayed = self._unconsumed.pop(user_id, None)
-        if relayed is not None:
-            self.trigger.on_consumed()
-
-    def _on_evicted(self, key: CacheKey) -> None:
-        with self._lock:
-            wasted = self._unconsumed.get(key.user_id) == key
-            if wasted:
-                del self._unconsumed[key.user_id]
-        if wasted:
-            self.trigger.on_dropped(ready=True)
-            self.counters["wasted_prefills"] += 1
-
     def _ranking(self, scores: np.ndarray, top_k: int | None) -> list[int]:
         weights = self.config.model.task_weights or [1.0] * scores.shape[1]
         combined = scores @ np.asarray(weights, np.float32)
@@ -341,45 +446,46 @@ class RelayEngine:
             return
         with self._lock:
             queued = self._queued_rank_ms
-        if queued > 0 and queued + predicted_ms > self.config.trigger.slo_ms * factor:
-            self.counters["rejections"] += 1
+            overloaded = queued > 0 and queued + predicted_ms > self.config.trigger.slo_ms * factor
+            self.work.rejections += int(overloaded)
+        if overloaded:
             raise Overloaded(f"instance {self.instance_id}: {queued:.0f} ms of ranking queued, SLO "
                              f"{self.config.trigger.slo_ms:g} ms")
 
     def _reload_is_cheaper(self, nbytes: int, prefix_len: int) -> bool:
-        bandwidth = self.config.expander.copy_bytes_per_s or 1e9
-        return nbytes / bandwidth * 1e3 < self.latency.predict_prefill_ms(prefix_len + self._user_tokens)
+        return nbytes / self.copy_bytes_per_s * 1e3 < self.latency.predict_prefill_ms(prefix_len + self._user_tokens)
 
     def _count_preinfer(self, result: PreinferResult) -> PreinferResult:
-        self.counters[f"preinfer_{result.reason}"] += 1
+        with self._lock:
+            self.preinfers[result.reason] += 1
         return result
 
     # ------------------------------------------------------------------ admin
     def wait_prefills(self, timeout: float | None = None) -> None:
-        """Block until every admitted prefill so far has finished (or failed)."""
-        with self._lock:
-            futures = [p.future for p in self._pending.values()]
-        for future in futures:
+        """Block until every relay admitted so far has finished (or failed)."""
+        for relay in self.ledger.pending():
             try:
-                future.result(timeout)
+                relay.future.result(timeout)
             except FutureTimeout:
                 raise
             except Exception:  # noqa: BLE001 - a failed prefill is counted, not re-raised here
                 pass
 
-    def stats(self) -> dict[str, Any]:
-        return {
-            "instance": self.instance_id,
-            "model_version": self.model_version,
-            "ready": self.ready,
-            "relay_enabled": self.config.relay.enabled,
-            "queue_depth": self.executor.depth(),
-            "device_steps": self.executor.step_stats(),
-            "pending_prefills": len(self._pending),
-            "counters": dict(self.counters),
-            "trigger": {"decisions": self.trigger.counts(), **self.trigger.state()},
-            "cache": self.cache.stats(),
-        }
+    def wait_audits(self, timeout: float | None = None) -> None:
+        """Block until every exactness audit queued so far has run (audits queue in order)."""
+        self.executor.submit(lambda: None, AUDIT, label="audit_barrier").result(timeout)
+
+    def stats(self) -> EngineStats:
+        """A typed snapshot of the engine's counters, relays, trigger and cache tiers."""
+        with self._lock:
+            ranks, work = replace(self.ranks), replace(self.work)
+            preinfers = dict(self.preinfers)
+        return EngineStats(instance=self.instance_id, model_version=self.model_version, ready=self.ready,
+                           relay_enabled=self.config.relay.enabled, queue_depth=self.executor.depth(),
+                           copy_bytes_per_s=self.copy_bytes_per_s,
+                           slot_bytes=self.model.layout.slot_bytes, ranks=ranks, work=work,
+                           relays=self.ledger.stats(), trigger=self.trigger.stats(), cache=self.cache.stats(),
+                           audit=self.audit.stats(), preinfers=preinfers, device_steps=self.executor.step_stats())
 
     def flush(self) -> None:
         """Drop every cached prefix (device and DRAM); in-flight prefills finish normally."""

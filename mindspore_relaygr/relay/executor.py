@@ -19,7 +19,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-RANK, PREFILL = 0, 1  # lower runs first
+RANK, PREFILL, AUDIT = 0, 1, 2  # lower runs first; AUDIT runs only when nothing else waits
 
 
 class ExecutorClosed(RuntimeError):

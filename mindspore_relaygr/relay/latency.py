@@ -177,6 +177,16 @@ class LatencyModel:
         cumulative = [self.predict_prefill_ms(e) for e in ends[:-1]] + [total]
         return [c - prev for prev, c in zip([0.0] + cumulative[:-1], cumulative, strict=True)]
 
+    def predict_extend_chunks_ms(self, prefix_tokens: int, new_tokens: int, chunk_len: int) -> list[float]:
+        """Extending a cached prefix of `prefix_tokens` by `new_tokens`, in chunks of `chunk_len`: each
+        chunk attends to everything before it, so it costs what the last chunks of a fresh prefill
+        of all the tokens cost (`predict_prefill_chunks_ms`); never more than that prefill."""
+        prefix_tokens, new_tokens = _count("prefix_tokens", prefix_tokens), _count("new_tokens", new_tokens)
+        if new_tokens == 0:
+            return []
+        fresh = self.predict_prefill_chunks_ms(prefix_tokens + new_tokens, chunk_len)
+        return fresh[-min(len(fresh), -(-new_tokens // chunk_len)):]
+
     # ---- persistence and calibration ----
 
     def to_json(self, path: str | Path) -> None:

@@ -1,35 +1,23 @@
 """Affinity routing: the pre-infer and the rank of one user land on the same instance.
 
-`AffinityRouter` maps an affinity key (user id) to an instance by rendezvous (highest random
-weight) hashing, or by `NginxConsistentHash`, a port of nginx's `hash $key consistent;` upstream
-balancer, so clients and tests can predict where a real nginx sends a key.
+The routing itself is nginx's (`hash $http_x_relaygr_affinity consistent;`, serving/cluster.py);
+`NginxConsistentHash` is a port of that balancer, so clients, benchmarks and tests can predict
+where nginx sends a key.
 """
 
 from __future__ import annotations
 
 import bisect
-import hashlib
-import logging
-import threading
 import zlib
 from collections.abc import Sequence
 
 from mindspore_relaygr.errors import RelayGRError
 
-logger = logging.getLogger(__name__)
-
-ROUTER_METHODS = ("rendezvous", "nginx")
 NGINX_POINTS_PER_WEIGHT = 160
 
 
 class NoHealthyInstance(RelayGRError, RuntimeError):
     """Every instance is marked down."""
-
-
-def rendezvous_score(affinity_key: str, instance: str) -> int:
-    """Stable 64-bit weight of (key, instance); the highest weight wins."""
-    digest = hashlib.blake2b(f"{instance}\0{affinity_key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
 
 
 def _check_names(names: Sequence[str], what: str) -> list[str]:
@@ -112,53 +100,3 @@ def _nginx_host_port(server: str) -> bytes:
     if sep and not port:
         return host + b"\0"
     return raw + b"\0"
-
-
-class AffinityRouter:
-    """Maps an affinity key to a healthy instance; keys move minimally when instances change."""
-
-    def __init__(self, instances: Sequence[str], method: str = "rendezvous") -> None:
-        if method not in ROUTER_METHODS:
-            raise ValueError(f"method={method!r}: must be one of {ROUTER_METHODS}")
-        self.instances = _check_names(instances, "instances")
-        self.method = method
-        self._nginx = NginxConsistentHash(self.instances) if method == "nginx" else None
-        self._down: frozenset[str] = frozenset()  # replaced, never mutated: reads need no lock
-        self._lock = threading.Lock()  # serialises mark_down / mark_up
-
-    def ranked(self, affinity_key: str) -> list[str]:
-        """All instances in fallback order for this key, health ignored."""
-        if self._nginx is not None:
-            return self._nginx.ranked(affinity_key)
-        return sorted(self.instances, key=lambda inst: (-rendezvous_score(affinity_key, inst), inst))
-
-    def route(self, affinity_key: str) -> str:
-        """The first healthy instance of `ranked(affinity_key)`."""
-        down = self._down
-        for inst in self.ranked(affinity_key):
-            if inst not in down:
-                return inst
-        raise NoHealthyInstance(f"all instances are marked down: {self.instances}")
-
-    def mark_down(self, instance: str) -> None:
-        """Stop routing to `instance` until `mark_up`."""
-        self._check_known(instance)
-        with self._lock:
-            self._down = self._down | {instance}
-        logger.info("instance %s marked down", instance)
-
-    def mark_up(self, instance: str) -> None:
-        """Route to `instance` again."""
-        self._check_known(instance)
-        with self._lock:
-            self._down = self._down - {instance}
-        logger.info("instance %s marked up", instance)
-
-    def healthy(self) -> list[str]:
-        """Instances not marked down, in configuration order."""
-        down = self._down
-        return [i for i in self.instances if i not in down]
-
-    def _check_known(self, instance: str) -> None:
-        if instance not in self.instances:
-            raise ValueError(f"instance={instance!r}: unknown; known {self.instances}")

@@ -4,16 +4,16 @@ A relay is admitted iff, in this order:
   1. its key is not already cached (`already_cached`) nor being pre-inferred (`inflight`);
   2. it is at risk: predicted full-path latency > slo_ms * risk_margin, and the prefix has at
      least min_prefix_len tokens (`not_at_risk`);
-  3. one more relay keeps the in-flight footprint (admitted relays neither consumed nor dropped:
-     RESERVED + READY-unconsumed) within max_inflight_slots and max_inflight_bytes (`footprint`);
+  3. one more relay keeps the in-flight footprint (admitted relays neither consumed nor dropped,
+     as counted by the RelayLedger) within max_inflight_slots and max_inflight_bytes (`footprint`);
   4. the pre-infer load allows it (`load`): fewer than max_queued_prefills prefills pending, and
      a token bucket (rate max_prefill_tokens_per_s, depth prefill_burst_tokens) holds the prefix's
      tokens. A prefix longer than the depth is admitted from a full bucket and leaves it in debt,
      so the long-run rate still holds.
 
-`decide` accounts an admitted relay itself (under the same lock as the checks, so concurrent
-callers never overshoot a bound); the engine reports the rest of its life with `on_ready`,
-`on_consumed` and `on_dropped`.
+The trigger is policy only: the footprint comes from the ledger (the caller holds the ledger's lock
+across `decide` and the admission, so concurrent callers never overshoot a bound); the trigger owns
+its decision counts and the token bucket, which an admission debits.
 """
 
 from __future__ import annotations
@@ -26,10 +26,17 @@ from dataclasses import dataclass
 
 from mindspore_relaygr.config import TriggerConfig
 from mindspore_relaygr.relay.latency import LatencyModel
+from mindspore_relaygr.relay.ledger import Footprint
 
 logger = logging.getLogger(__name__)
 
 REASONS = ("admitted", "not_at_risk", "footprint", "load", "already_cached", "inflight")
+
+
+@dataclass(frozen=True)
+class TriggerStats:
+    decisions: dict[str, int]  # per reason, every reason present
+    bucket_tokens: float
 
 
 @dataclass(frozen=True)
@@ -68,28 +75,30 @@ class SequenceAwareTrigger:
         self._lock = threading.Lock()
         self._tokens = float(cfg.prefill_burst_tokens)
         self._last_refill = clock()
-        self._inflight = 0  # admitted, not yet consumed or dropped
-        self._pending = 0  # admitted, prefill not yet finished (queued or running)
         self._counts = dict.fromkeys(REASONS, 0)
 
-    def decide(
-        self, prefix_len: int, num_candidates: int, already_cached: bool = False, inflight: bool = False
-    ) -> TriggerDecision:
-        """Admit or refuse a pre-infer of `prefix_len` tokens; an admitted one is accounted in flight."""
+    def decide(self, prefix_len: int, num_candidates: int, footprint: Footprint,
+               already_cached: bool = False, inflight: bool = False,
+               extension_tokens: int | None = None) -> TriggerDecision:
+        """Admit or refuse a pre-infer of `prefix_len` tokens given the relays now in flight; an
+        admission debits the token bucket (the caller records the relay in the ledger).
+        `extension_tokens`: the relay extends a cached prefix by only these tokens in its own slot, so
+        it needs no new slot (no footprint check) and costs only them in the bucket."""
         predicted = self.latency.predict_full_ms(prefix_len, num_candidates)  # validates both
+        work = prefix_len if extension_tokens is None else extension_tokens
         with self._lock:
-            reason = self._reason(prefix_len, predicted, already_cached, inflight)
+            reason = self._reason(prefix_len, work, predicted, footprint, already_cached, inflight,
+                                  new_slot=extension_tokens is None)
             self._counts[reason] += 1
             if reason == "admitted":
-                self._tokens -= prefix_len
-                self._inflight += 1
-                self._pending += 1
+                self._tokens -= work
         logger.debug(
             "trigger prefix_len=%d candidates=%d predicted=%.2fms: %s", prefix_len, num_candidates, predicted, reason
         )
         return TriggerDecision(reason == "admitted", reason, predicted)
 
-    def _reason(self, prefix_len: int, predicted_ms: float, already_cached: bool, inflight: bool) -> str:
+    def _reason(self, prefix_len: int, work: int, predicted_ms: float, footprint: Footprint,
+                already_cached: bool, inflight: bool, new_slot: bool) -> str:
         if already_cached:
             return "already_cached"
         if inflight:
@@ -97,14 +106,14 @@ class SequenceAwareTrigger:
         if prefix_len < self.cfg.min_prefix_len or predicted_ms <= self.budget_ms:
             return "not_at_risk"
         max_bytes = self.cfg.max_inflight_bytes
-        if self._inflight + 1 > self.max_inflight_slots or (
-            max_bytes is not None and (self._inflight + 1) * self.slot_bytes > max_bytes
-        ):
+        if new_slot and (footprint.inflight + 1 > self.max_inflight_slots or (
+            max_bytes is not None and (footprint.inflight + 1) * self.slot_bytes > max_bytes
+        )):
             return "footprint"
         self._refill()
-        if self._pending >= self.cfg.max_queued_prefills:
+        if footprint.pending >= self.cfg.max_queued_prefills:
             return "load"
-        if self._tokens < min(prefix_len, self.cfg.prefill_burst_tokens):
+        if self._tokens < min(work, self.cfg.prefill_burst_tokens):
             return "load"
         return "admitted"
 
@@ -116,31 +125,6 @@ class SequenceAwareTrigger:
             float(self.cfg.prefill_burst_tokens), self._tokens + elapsed * self.cfg.max_prefill_tokens_per_s
         )
 
-    # ---- lifecycle reports from the engine ----
-
-    def on_ready(self) -> None:
-        """The prefill of an admitted relay finished (RESERVED -> READY); it no longer counts as queued."""
-        with self._lock:
-            if self._pending < 1:
-                raise RuntimeError(f"on_ready() with no prefill pending ({self._state()})")
-            self._pending -= 1
-
-    def on_consumed(self) -> None:
-        """A rank consumed a READY relay (call once per relay); it leaves the footprint."""
-        with self._lock:
-            if self._inflight - self._pending < 1:
-                raise RuntimeError(f"on_consumed() with no READY relay in flight ({self._state()})")
-            self._inflight -= 1
-
-    def on_dropped(self, ready: bool) -> None:
-        """An admitted relay was abandoned (prefill failed, no slot, evicted before use)."""
-        with self._lock:
-            if self._inflight < 1 or (not ready and self._pending < 1) or (ready and self._inflight == self._pending):
-                raise RuntimeError(f"on_dropped(ready={ready}) does not match the state ({self._state()})")
-            self._inflight -= 1
-            if not ready:
-                self._pending -= 1
-
     # ---- introspection ----
 
     def counts(self) -> dict[str, int]:
@@ -148,16 +132,8 @@ class SequenceAwareTrigger:
         with self._lock:
             return dict(self._counts)
 
-    def state(self) -> dict[str, float]:
-        """In-flight relays and bytes, pending prefills and the token bucket level."""
+    def stats(self) -> TriggerStats:
+        """Decisions per reason and the token bucket level."""
         with self._lock:
             self._refill()
-            return self._state()
-
-    def _state(self) -> dict[str, float]:
-        return {
-            "inflight_slots": self._inflight,
-            "inflight_bytes": self._inflight * self.slot_bytes,
-            "queued_prefills": self._pending,
-            "bucket_tokens": self._tokens,
-        }
+            return TriggerStats(dict(self._counts), self._tokens)

@@ -89,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
 def test_parser_points_and_workload_spec_fit_the_model():
     args = _parser().parse_args(["revisit", "--points", "0.5", "1.5", "--max-len", "9999", "--median-len", "500"])
     assert args.func is cmd_bench_revisit and args.zipf == [0.5, 1.5] and not args.no_expander_too
+    assert not args.no_extension_too
     assert args.out == "outputs/bench_revisit.json" and args.config.endswith("bench_long.yaml")
     spec = _spec(args, load_config(CONFIGS / "tiny.yaml", []))
     # tiny: 128 tokens per sequence and per slot, one of them the user token.
@@ -104,26 +105,36 @@ def test_bench_revisit_end_to_end_on_tiny(tmp_path):
     args = parser.parse_args([
         "revisit", "--config", str(CONFIGS / "tiny.yaml"),
         # One bucket per axis (3 graphs to warm up); everything at risk; 2 device slots for 6 users.
-        "-o", "model.len_buckets=[128]", "-o", "model.suffix_buckets=[16]", "-o", "model.candidate_buckets=[32]",
+        # Chunks of 32 events: an extension by 10 new events (more than the 8-event suffix) runs one
+        # chunk where a fresh prefill runs two to four.
+        "-o", "model.len_buckets=[32, 128]", "-o", "model.suffix_buckets=[8]", "-o", "model.candidate_buckets=[32]",
         "-o", "trigger.slo_ms=1", "-o", "relay.max_online_len=32", "-o", "cache.num_slots=2",
-        "--qps", "20", "--zipf", *map(str, zipfs), "--users", "6", "--num-requests", "16", "--median-len", "40",
-        "--max-len", "100", "--candidates", "16", "--gap-ms", "20", "--min-gap-ms", "5",
-        "--time-limit", "10", "--no-expander-too",
+        "-o", "trigger.prefill_chunk_len=32",
+        "--qps", "20", "--zipf", *map(str, zipfs), "--users", "6", "--num-requests", "16", "--median-len", "30",
+        "--max-len", "40", "--candidates", "16", "--gap-ms", "20", "--min-gap-ms", "5",
+        "--time-limit", "10", "--no-expander-too", "--no-extension-too", "--growth", "10",
         "--out", str(out),
     ])  # fmt: skip
     assert args.func(args) == 0
     report = json.loads(out.read_text())
     rows = report["results"]
-    assert sorted((r["zipf_a"], r["expander"]) for r in rows) == [(z, m) for z in zipfs for m in (False, True)]
+    assert sorted((r["zipf_a"], r["expander"], r["extension"]) for r in rows) == [
+        (z, m, e) for z in zipfs for m, e in ((False, True), (True, False), (True, True))]
     for zipf_a in zipfs:
-        on, off = sorted((r for r in rows if r["zipf_a"] == zipf_a), key=lambda r: not r["expander"])
+        on, off = sorted((r for r in rows if r["zipf_a"] == zipf_a and r["extension"]), key=lambda r: not r["expander"])
         assert on["revisit_fraction"] == off["revisit_fraction"]  # one workload for both modes
         assert on["shares"].keys() >= set(TIER_ORDER)
-        assert off["shares"]["dram"] == 0.0 and "dram" not in off["cache"]
+        assert off["shares"]["dram"] == 0.0 and off["cache"]["dram"] is None
     for r in rows:
         assert 0.0 <= r["revisit_fraction"] < 1.0 and r["ranks"] == r["requests"] > 0 and r["errors"] == 0
         assert sum(r["shares"].values()) == pytest.approx(1.0)
         assert sum(r["tiers"].values()) == r["ranks"]
+        computed = r["engine"]["prefill_events"] + r["engine"]["extended_events"]
+        assert r["prefill_events_per_request"] == computed / r["ranks"]
+    with_ext = {r["zipf_a"]: r for r in rows if r["expander"] and r["extension"]}
+    without = {r["zipf_a"]: r for r in rows if not r["extension"]}
+    assert without[2.0]["engine"]["extended_events"] == 0 and with_ext[2.0]["engine"]["extensions"] > 0
+    assert with_ext[2.0]["prefill_events_per_request"] < without[2.0]["prefill_events_per_request"]
     by_zipf = {r["zipf_a"]: r["revisit_fraction"] for r in rows}
     assert by_zipf[2.0] > by_zipf[0.0]
     assert (tmp_path / "revisit.png").stat().st_size > 0 and (tmp_path / "revisit.config.yaml").is_file()

@@ -49,7 +49,7 @@ def test_lru_eviction_within_budget() -> None:
     assert [exp.contains(key(n)) for n in "abcd"] == [True, False, False, True]
     assert exp.bytes_in_use() == 250
     assert exp.put(key("a"), payload(50))  # replacing frees the old bytes first
-    assert exp.bytes_in_use() == 200 and exp.stats()["evictions"] == 2
+    assert exp.bytes_in_use() == 200 and exp.stats().evictions == 2
 
 
 def test_ttl_expiry_is_preferred_over_lru() -> None:
@@ -66,14 +66,14 @@ def test_ttl_expiry_is_preferred_over_lru() -> None:
     assert exp.get(key("b")) is None and exp.bytes_in_use() == 200  # expired entries go on access
     assert not exp.contains(key("c")) and exp.bytes_in_use() == 100
     stats = exp.stats()
-    assert (stats["expirations"], stats["evictions"], stats["misses"]) == (3, 0, 1)
+    assert (stats.expirations, stats.evictions, stats.misses) == (3, 0, 1)
 
 
 def test_oversized_payload_is_refused_and_counted() -> None:
     exp, _ = make(300)
     exp.put(key("a"), payload(100))
     assert not exp.put(key("big"), payload(301))
-    assert exp.contains(key("a")) and not exp.contains(key("big")) and exp.stats()["refused"] == 1
+    assert exp.contains(key("a")) and not exp.contains(key("big")) and exp.stats().refused == 1
     with pytest.raises(ValueError, match="nbytes"):
         exp.put(key("x"), object())
     assert exp.discard(key("a")) and not exp.discard(key("a")) and exp.bytes_in_use() == 0
@@ -91,16 +91,22 @@ def test_bad_arguments_raise_with_the_value() -> None:
         make(policy="sometimes")
     with pytest.raises(ValueError, match="budget_bytes=0"):
         make(budget=0)
-    exp, _ = make()
-    with pytest.raises(ValueError, match="copy_bytes_per_s=0"):
-        exp.worth_reloading(100, 0, 1.0)
 
 
-def test_worth_reloading_compares_copy_and_recompute_time() -> None:
+def test_a_reload_counts_one_hit_and_peek_counts_none() -> None:
     exp, _ = make()
-    assert exp.worth_reloading(1_000_000, copy_bytes_per_s=1e9, predicted_prefill_ms=2.0)  # 1 ms copy
-    assert not exp.worth_reloading(1_000_000, copy_bytes_per_s=1e9, predicted_prefill_ms=0.5)
-    assert exp.stats()["skipped_reloads"] == 1
+    exp.put(key("a"), Payload(np.zeros(100, np.uint8)))
+    assert exp.peek(key("a")) is not None and exp.stats().hits == 0
+    exp.reload(key("a"), lambda payload: payload.nbytes)
+    assert (exp.stats().hits, exp.stats().reloads) == (1, 1)
+
+
+def test_clear_and_keys_of() -> None:
+    exp, _ = make()
+    for name in ("a", "b"):
+        exp.put(key(name), Payload(np.zeros(10, np.uint8)))
+    assert exp.keys_of(key("a").user_id) == [key("a")] and exp.clear() == 2
+    assert exp.keys_of(key("a").user_id) == [] and exp.bytes_in_use() == 0
 
 
 def wait_until(cond, timeout_s: float = 10.0) -> None:
@@ -137,13 +143,13 @@ def test_single_flight_reload_runs_one_copy_for_all_callers() -> None:
         return ("slot", 5)
 
     threads, out = run_concurrently(exp, copy_fn)
-    wait_until(lambda: exp.stats()["reload_waits"] == 7)  # all others joined the running copy
+    wait_until(lambda: exp.stats().reload_waits == 7)  # all others joined the running copy
     release.set()
     for t in threads:
         t.join()
     assert calls == [100] and out == [("slot", 5)] * 8
     stats = exp.stats()
-    assert (stats["reloads"], stats["reload_waits"], stats["bytes_copied"]) == (1, 7, 100)
+    assert (stats.reloads, stats.reload_waits, stats.bytes_copied) == (1, 7, 100)
 
 
 def test_reload_errors_reach_every_waiter_and_the_next_call_retries() -> None:
@@ -156,13 +162,13 @@ def test_reload_errors_reach_every_waiter_and_the_next_call_retries() -> None:
         raise RuntimeError("device copy failed")
 
     threads, out = run_concurrently(exp, failing, n=4)
-    wait_until(lambda: exp.stats()["reload_waits"] == 3)
+    wait_until(lambda: exp.stats().reload_waits == 3)
     release.set()
     for t in threads:
         t.join()
     assert all(isinstance(e, RuntimeError) and str(e) == "device copy failed" for e in out)
     assert exp.reload(key("a"), lambda p: "ok") == "ok"
-    assert exp.stats()["reloads"] == 1
+    assert exp.stats().reloads == 1
 
 
 def test_no_reload_when_device_has_copy_or_key_is_absent() -> None:
@@ -173,4 +179,4 @@ def test_no_reload_when_device_has_copy_or_key_is_absent() -> None:
     assert exp.reload(key("missing"), calls.append, device_has_copy=lambda: False) is None
     assert calls == []
     stats = exp.stats()
-    assert (stats["skipped_reloads"], stats["reloads"], stats["bytes_copied"]) == (1, 0, 0)
+    assert (stats.skipped_reloads, stats.reloads, stats.bytes_copied) == (1, 0, 0)

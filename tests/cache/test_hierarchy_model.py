@@ -12,6 +12,8 @@ from mindspore_relaygr import load_config
 from mindspore_relaygr.cache import DRAMExpander, KVCacheManager
 from mindspore_relaygr.cache.hierarchy import RelayCache
 from mindspore_relaygr.model.inputs import validate_history
+from tests.cache.test_hierarchy import prefill
+from tests.cache.test_hierarchy import rank as cached_rank
 from tests.conftest import CONFIGS, random_history
 
 pytestmark = pytest.mark.slow
@@ -35,8 +37,15 @@ def make_cache(model, clock=None):
     manager = KVCacheManager(model.num_slots, model.layout.slot_bytes, cfg.cache.lifetime_ms, **kwargs)
     expander = DRAMExpander(cfg.expander.dram_bytes, cfg.expander.ttl_s, "always", **kwargs)
     return RelayCache(model, manager, expander, model_version=model.version,
-                      max_suffix_len=cfg.model.max_suffix_len, max_extend_len=cfg.cache.max_extend_len,
                       max_prefix_len=model.layout.slot_len - 1)
+
+
+EXTEND_CHUNK = 64  # the engine's policy stand-in: extend up to this many new events, in one chunk
+
+
+def rank(cache, user, h, cands):
+    cfg = cache.store.config
+    return cached_rank(cache, user, h, cands, cfg.model.max_suffix_len, max_extend=EXTEND_CHUNK)
 
 
 def hist(rng, n, feats=(1, 2)):
@@ -49,26 +58,26 @@ def test_tiers_on_the_real_model(model):
     full = hist(rng, 110)
     a, b, c = full.slice(0, 60), hist(rng, 50), hist(rng, 40)
     cands = rng.integers(1, 201, 12)
-    assert cache.prefill("a", a) is not None
-    assert cache.rank("a", full.slice(0, 70), cands)[1] == "device"  # 10-event suffix
-    np.testing.assert_allclose(cache.rank("a", full.slice(0, 70), cands)[0],
+    assert prefill(cache, "a", a) is not None
+    assert rank(cache, "a", full.slice(0, 70), cands)[1] == "device"  # 10-event suffix
+    np.testing.assert_allclose(rank(cache, "a", full.slice(0, 70), cands)[0],
                                model.rank_full(full.slice(0, 70), cands), atol=TOL, rtol=0)
-    cache.prefill("b", b)
-    cache.prefill("c", c)  # 2 slots: a is evicted and spilled
+    prefill(cache, "b", b)
+    prefill(cache, "c", c)  # 2 slots: a is evicted and spilled
     spilled = cache.expander.get(cache.locate("a", a)[1])
     assert np.shares_memory(spilled.keys, model.host_arena._buffer)
     assert np.shares_memory(spilled.values, model.host_arena._buffer)
     del spilled
-    scores, tier = cache.rank("a", full.slice(0, 60), cands)
+    scores, tier = rank(cache, "a", full.slice(0, 60), cands)
     assert tier == "dram"
     np.testing.assert_allclose(scores, model.rank_full(full.slice(0, 60), cands), atol=TOL, rtol=0)
-    scores, tier = cache.rank("a", full, cands)  # 50 new events > 16-event suffix: extend
+    scores, tier = rank(cache, "a", full, cands)  # 50 new events > 16-event suffix: extend
     assert tier == "partial"
     np.testing.assert_allclose(scores, model.rank_full(full, cands), atol=TOL, rtol=0)
-    assert cache.rank("a", full, cands)[1] == "device"  # the entry now holds all 110 events
+    assert rank(cache, "a", full, cands)[1] == "device"  # the entry now holds all 110 events
     stale = type(full)(full.item_ids.copy(), full.action_ids.copy(), full.timestamps.copy(), full.user_features)
     stale.timestamps[3] += 1  # same events, one timestamp changed: never served from the cache
-    assert cache.rank("a", stale, cands) is None
+    assert rank(cache, "a", stale, cands) is None
 
 
 class ModelMachine(RuleBasedStateMachine):
@@ -83,7 +92,7 @@ class ModelMachine(RuleBasedStateMachine):
     @rule(user=st.sampled_from("abc"), n=st.integers(1, 90))
     def preinfer(self, user, n):
         self.histories[user] = hist(self.rng, n)
-        self.cache.prefill(user, self.histories[user])
+        prefill(self.cache, user, self.histories[user])
 
     @rule(user=st.sampled_from("abc"), extra=st.integers(0, 30))
     def rank(self, user, extra):
@@ -95,7 +104,7 @@ class ModelMachine(RuleBasedStateMachine):
             h = type(h)(np.r_[h.item_ids, more.item_ids], np.r_[h.action_ids, more.action_ids],
                         np.r_[h.timestamps, h.timestamps[-1] + np.arange(1, extra + 1)], h.user_features)
         cands = self.rng.integers(1, 201, 5)
-        got = self.cache.rank(user, h, cands)
+        got = rank(self.cache, user, h, cands)
         if got is not None:
             np.testing.assert_allclose(got[0], self.model.rank_full(h, cands), atol=TOL, rtol=0)
 

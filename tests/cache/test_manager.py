@@ -67,7 +67,7 @@ def test_expired_entries_go_before_lru_and_then_lru_order() -> None:
     assert mgr.evict_one() == Eviction(key("old"), 0, False, "lru")
     assert seen == [Eviction(key("short"), 1, False, "expired"), Eviction(key("mid"), 2, False, "expired"),
                     Eviction(key("old"), 0, False, "lru")]
-    assert mgr.stats()["evictions_expired"] == 2 and mgr.stats()["evictions_lru"] == 1
+    assert mgr.stats().evictions_expired == 2 and mgr.stats().evictions_lru == 1
 
 
 def test_lookup_refreshes_recency_and_marks_used() -> None:
@@ -91,7 +91,7 @@ def test_full_of_pinned_or_reserved_returns_none() -> None:
     mgr.pin(key("a"))
     clock.now = 100.0  # "a" is long expired, but pinned
     assert mgr.allocate(key("c")) is None and mgr.evict_one() is None
-    assert seen == [] and mgr.stats()["allocation_failures"] == 1
+    assert seen == [] and mgr.stats().allocation_failures == 1
     with pytest.raises(ValueError, match="pinned"):
         mgr.release(key("a"))
     mgr.unpin(key("a"))
@@ -115,18 +115,18 @@ def test_wrong_transitions_name_the_state() -> None:
     with pytest.raises(ValueError, match="not cached"):
         mgr.mark_ready(key("zz"))
     assert mgr.lookup(key("r")) is None
-    assert mgr.find_inflight(key("r")) == SlotLease(key("r"), 0, EntryState.RESERVED, 1)
+    assert mgr.peek(key("r")) == SlotLease(key("r"), 0, EntryState.RESERVED, 1)
     mgr.abort(key("r"))
     assert mgr.leases() == [SlotLease(key("a"), 1, EntryState.READY, 1)] and mgr.num_free_slots() == 1
     stats = mgr.stats()
-    assert (stats["lookups"], stats["misses"], stats["inflight_hits"], stats["aborts"]) == (1, 1, 1, 1)
+    assert (stats.lookups, stats.misses, stats.aborts) == (1, 1, 1)
 
 
 def history(n: int) -> History:
     return History(np.arange(1, n + 1, dtype=np.int32), np.zeros(n, np.int32), 1000 + np.arange(n, dtype=np.int64))
 
 
-def test_partial_hit_finds_longest_strict_prefix_then_rekey() -> None:
+def test_keys_of_lists_a_users_entries_longest_first_then_rekey() -> None:
     mgr, _, _ = make(4)
     h = history(10)
     keys = {n: CacheKey.for_history("u", "v1", h, n) for n in (3, 6, 10)}
@@ -134,24 +134,24 @@ def test_partial_hit_finds_longest_strict_prefix_then_rekey() -> None:
         mgr.allocate(keys[n])
     mgr.mark_ready(keys[3])
     mgr.mark_ready(keys[10])
-    other = CacheKey.for_history("u", "v2", h, 8)  # another model version
+    other = CacheKey.for_history("w", "v1", h, 8)
     mgr.allocate(other)
-    mgr.mark_ready(other)
-    # 10 is not a strict prefix, 6 is RESERVED: the best partial hit is 3.
-    assert mgr.find_partial("u", "v1", h, pin=True) == SlotLease(keys[3], 0, EntryState.READY, 3)
-    assert mgr.find_partial("u", "v1", history(10).slice(0, 2)) is None
-    changed = History(h.item_ids.copy(), h.action_ids, h.timestamps)
-    changed.item_ids[1] = 99
-    assert mgr.find_partial("u", "v1", changed) is None and mgr.find_partial("w", "v1", h) is None
+    assert mgr.keys_of("u") == [keys[10], keys[6], keys[3]] and mgr.keys_of("w") == [other]
+    assert mgr.keys_of("nobody") == []
+    mgr.abort(keys[6])
+    assert mgr.keys_of("u") == [keys[10], keys[3]]
 
+    mgr.pin(keys[3])
     new = CacheKey.for_history("u", "v1", h, 8)
     assert mgr.rekey(keys[3], new) == SlotLease(new, 0, EntryState.READY, 8)
     assert mgr.lookup(keys[3]) is None and mgr.lookup(new).slot == 0
+    assert mgr.keys_of("u") == [keys[10], new]
     mgr.unpin(new)  # the pin moved with the entry
-    for bad_new in (keys[10], CacheKey.for_history("u", "v1", h, 5), other):
+    for bad_new in (keys[10], CacheKey.for_history("u", "v1", h, 5), CacheKey.for_history("w", "v1", h, 9)):
         with pytest.raises(ValueError, match="cannot rekey"):
             mgr.rekey(new, bad_new)
-    assert mgr.stats()["partial_hits"] == 1
+    mgr.release(new)
+    assert mgr.keys_of("u") == [keys[10]]
 
 
 @dataclass
@@ -269,3 +269,22 @@ class ManagerMachine(RuleBasedStateMachine):
 
 ManagerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 test_manager_state_machine = ManagerMachine.TestCase
+
+
+def test_reopen_turns_a_ready_entry_into_a_reservation_of_its_longer_prefix():
+    mgr, _, evictions = make(num_slots=1)
+    h = History(np.arange(1, 13), np.zeros(12, np.int64), np.arange(12))
+    short, longer = CacheKey.for_history("u", "v1", h, 6), CacheKey.for_history("u", "v1", h, 12)
+    mgr.allocate(short)
+    mgr.mark_ready(short)
+    mgr.pin(short)
+    with pytest.raises(ValueError, match="cannot reopen .* pinned 1 times"):
+        mgr.reopen(short, longer)
+    mgr.unpin(short)
+    with pytest.raises(ValueError, match="cannot reopen"):
+        mgr.reopen(short, CacheKey.for_history("u", "v1", h, 4))  # not longer
+    assert mgr.reopen(short, longer) == SlotLease(longer, 0, EntryState.RESERVED, 12)
+    assert mgr.peek(short) is None and mgr.keys_of("u") == [longer]
+    assert mgr.allocate(CacheKey.for_history("w", "v1", h, 3)) is None  # a reservation is never evicted
+    mgr.mark_ready(longer)
+    assert mgr.lookup(longer).slot == 0 and evictions == []

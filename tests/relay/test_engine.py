@@ -54,6 +54,10 @@ def hist(seed, n=100):
     return random_history(np.random.default_rng(seed), n, user_features=[1, 2])
 
 
+def first_of(h, n):
+    return {k: (v if k == "user_features" else v[:n]) for k, v in h.items()}
+
+
 def expected(model, engine, h, cands):
     """Reference scores computed on the engine's device thread (never two MindSpore callers at once)."""
     return engine.executor.submit(lambda: model.rank_full(h, cands)).result()
@@ -69,7 +73,7 @@ def test_rank_after_preinfer_is_served_from_the_cache(make_engine, model):
     assert res.cache == "device"
     np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
     assert len(res.ranking) == 5 and res.scores[res.ranking[0]].sum() == res.scores.sum(1).max()
-    assert eng.counters["prefill_chunks"] == 4  # 101 tokens in chunks of 32
+    assert eng.stats().work.prefill_chunks == 4  # 101 tokens in chunks of 32
     assert eng.preinfer("u1", h).reason == "already_cached"
 
 
@@ -93,7 +97,7 @@ def test_rank_during_the_prefill_waits_for_it_and_only_one_prefill_runs(make_eng
         model.prefill = original
     assert res.cache == "inflight" and res.timings_ms["wait"] > 0
     np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
-    assert eng.counters["prefills"] == 1 and len(calls) == 4
+    assert eng.stats().work.prefills == 1 and len(calls) == 4
 
 
 def test_a_waiting_rank_boosts_its_prefill_ahead_of_an_earlier_users_prefill(make_engine, model):
@@ -104,14 +108,15 @@ def test_a_waiting_rank_boosts_its_prefill_ahead_of_an_earlier_users_prefill(mak
     ha, hb, cands = hist(21, 120), hist(22, 120), np.arange(1, 11)
     assert eng.preinfer("a", ha).admitted and eng.preinfer("b", hb).admitted
     for user in ("a", "b"):
-        eng._pending[user].future.add_done_callback(lambda f, u=user: finished.setdefault(u, time.perf_counter()))
+        eng.ledger.of_user(user)[0].future.add_done_callback(
+            lambda f, u=user: finished.setdefault(u, time.perf_counter()))
     with ThreadPoolExecutor(1) as pool:
         ranked = pool.submit(eng.rank, "b", hb, cands)
         time.sleep(0.2)  # the rank is waiting on b's queued prefill
         gate.set()
         res = ranked.result(60)
     eng.wait_prefills(60)
-    assert res.cache == "inflight" and eng.counters["inflight_boosts"] == 1
+    assert res.cache == "inflight" and eng.stats().work.inflight_boosts == 1
     assert finished["b"] < finished["a"]  # b's prefill ran first although a's was admitted first
     np.testing.assert_allclose(res.scores, expected(model, eng, hb, cands), atol=TOL, rtol=0)
 
@@ -128,7 +133,7 @@ def test_a_prefill_predicted_slower_than_a_miss_is_waited_for_only_inflight_wait
         gate.set()
         res = ranked.result(60)
     assert res.cache == "miss" and res.timings_ms["wait"] > 0  # waited, then gave up: not served from it
-    assert eng.counters["inflight_wait_timeouts"] == 1 and "inflight_boosts" not in eng.counters
+    assert eng.stats().work.inflight_wait_timeouts == 1 and eng.stats().work.inflight_boosts == 0
     np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
 
 
@@ -153,11 +158,24 @@ def test_a_returning_user_whose_history_grew_reuses_the_cached_prefix(make_engin
     assert not decision.admitted and decision.reason == "already_cached"  # 6 new events fit the suffix
     cands = np.arange(1, 11)
     res = eng.rank("u6", first(66), cands)
-    assert res.cache == "device" and eng.counters["prefills"] == 1
+    assert res.cache == "device" and eng.stats().work.prefills == 1
     np.testing.assert_allclose(res.scores, expected(model, eng, first(66), cands), atol=TOL, rtol=0)
-    limit = max(model.config.model.max_suffix_len, model.config.cache.max_extend_len)
-    assert 60 + limit + 1 <= len(full["item_ids"])
-    assert eng.preinfer("u6", first(60 + limit + 1), num_candidates=10).reason != "already_cached"
+    # 66 new events, more than the 16-event suffix: the 60-event prefix is extended in its slot by
+    # just those (3 chunks of 32), not prefilled afresh (defect 6).
+    assert eng.preinfer("u6", full, num_candidates=10).admitted
+    eng.wait_prefills(60)
+    work = eng.stats().work
+    assert (work.prefills, work.extensions, work.extension_chunks) == (1, 1, 3)
+    res = eng.rank("u6", full, cands)
+    assert res.cache == "device"
+    np.testing.assert_allclose(res.scores, expected(model, eng, full, cands), atol=TOL, rtol=0)
+    # A rank whose history grew past the suffix without a pre-infer extends in the rank (partial).
+    more = hist(6, 126)
+    assert eng.preinfer("u7", first_of(more, 40), num_candidates=10).admitted
+    eng.wait_prefills(60)
+    res = eng.rank("u7", more, cands)
+    assert res.cache == "partial"
+    np.testing.assert_allclose(res.scores, expected(model, eng, more, cands), atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("prefetch", [True, False])
@@ -173,7 +191,7 @@ def test_a_preinfer_that_finds_the_prefix_in_dram_reloads_it_before_the_rank(mak
     assert eng.cache.locate("p0", p0)[0] == "dram"  # the least recently used went to DRAM
     assert eng.preinfer("p0", users["p0"], num_candidates=10).reason == "already_cached"
     eng.executor.submit(lambda: None, 1).result(60)  # behind the prefetch (same priority, FIFO)
-    assert eng.counters["dram_prefetches"] == int(prefetch)
+    assert eng.stats().work.dram_prefetches == int(prefetch)
     res = eng.rank("p0", users["p0"], cands)
     assert res.cache == ("device" if prefetch else "dram")
     np.testing.assert_allclose(res.scores, expected(model, eng, users["p0"], cands), atol=TOL, rtol=0)
@@ -188,8 +206,8 @@ def test_a_prefill_that_spills_an_evicted_slot_does_it_in_a_device_step_of_its_o
         assert eng.preinfer(user, h, num_candidates=10).admitted
         eng.wait_prefills(60)
         assert eng.rank(user, h, cands).cache == "device"  # consumed: the trigger's footprint stays small
-    steps = eng.stats()["device_steps"]["prefill_chunk"]["steps"]
-    assert eng.cache.spills == 1 and eng.counters["prefill_chunks"] == 5 * chunks
+    steps = eng.stats().device_steps["prefill_chunk"]["steps"]
+    assert eng.cache.spills == 1 and eng.stats().work.prefill_chunks == 5 * chunks
     assert steps == 5 * chunks + 1  # the fifth prefill: one spill step, then its chunks
     s0 = validate_history(model.cfg, users["s0"])
     assert eng.cache.locate("s0", s0)[0] == "dram"
@@ -214,8 +232,8 @@ def test_a_rank_right_after_a_prefetching_preinfer_waits_for_the_copy_instead_of
         time.sleep(0.2)
         gate.set()
         res = ranked.result(60)
-    assert res.cache == "inflight" and eng.counters["dram_prefetches"] == 1  # waited for the copy
-    assert eng.cache.stats()["dram"]["reloads"] == 1  # copied once, by the prefetch
+    assert res.cache == "inflight" and eng.stats().work.dram_prefetches == 1  # waited for the copy
+    assert eng.cache.stats().dram.reloads == 1  # copied once, by the prefetch
     # The pool was full: making room spilled another user (a step of its own), then a layer per step.
     assert eng.cache.spills == 2
     assert eng.executor.step_stats()["dram_prefetch"]["steps"] == 1 + model.layout.num_layers
@@ -280,8 +298,8 @@ def test_eight_threads_never_crash_and_always_get_correct_scores(make_engine, mo
     with ThreadPoolExecutor(8) as pool:
         diffs = [d for f in [pool.submit(client, i) for i in range(8)] for d in f.result(120)]
     assert diffs and max(diffs) <= TOL
-    stats = eng.stats()
-    assert sum(v for k, v in stats["counters"].items() if k.startswith("rank_")) == len(diffs)
+    ranks = eng.stats().ranks
+    assert sum(getattr(ranks, tier) for tier in ("device", "dram", "partial", "inflight", "miss")) == len(diffs)
 
 
 def test_close_leaves_no_threads_behind(model):
@@ -292,3 +310,27 @@ def test_close_leaves_no_threads_behind(model):
     eng.close()
     after = {t.name for t in threading.enumerate()}
     assert "relaygr-device-closing" not in after and after <= before | {"MainThread"}
+
+
+def test_the_audit_detects_a_corrupted_device_slot_and_drops_it(make_engine, model):
+    eng = make_engine("relay.audit_fraction=1.0")
+    h, cands = hist(40), np.arange(1, 21)
+    assert eng.preinfer("audited", h, num_candidates=20).admitted
+    eng.wait_prefills(60)
+    key = eng.cache.key_for("audited", validate_history(eng.config.model, h))
+    slot = eng.cache.manager.peek(key).slot
+
+    def corrupt():
+        copy = model.export_slot(slot)
+        copy.values[:, :, 3] += 0.5  # one token's values in every layer
+        model.import_slot(slot, copy)
+
+    eng.executor.submit(corrupt).result()
+    assert eng.rank("audited", h, cands).cache == "device"
+    eng.wait_audits(60)
+    audit = eng.stats().audit
+    assert (audit.checked, audit.failures) == (1, 1) and audit.max_abs_diff > TOL
+    assert eng.cache.locate("audited", validate_history(eng.config.model, h)) == ("miss", None)
+    res = eng.rank("audited", h, cands)
+    assert res.cache == "miss"
+    np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)

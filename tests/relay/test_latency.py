@@ -267,3 +267,12 @@ def test_calibration_measures_prefill_at_every_chunk_boundary():
     assert calibration_shapes(model, prefill_chunk_len=1000)["prefill"] == [
         (512,), (1000,), (2000,), (3000,), (4000,), (4096,)]
     assert shapes["full"] == [(n, 128) for n in cfg.len_buckets]
+
+
+def test_an_extension_costs_the_last_chunks_of_a_fresh_prefill():
+    lat = LatencyModel([prefill(256, 10.0), prefill(512, 30.0), prefill(768, 60.0)])
+    assert lat.predict_prefill_chunks_ms(768, 256) == [10.0, 20.0, 30.0]
+    assert lat.predict_extend_chunks_ms(512, 256, 256) == [30.0]  # the chunk that attends to 512 tokens
+    assert lat.predict_extend_chunks_ms(300, 468, 256) == [20.0, 30.0]
+    assert lat.predict_extend_chunks_ms(0, 768, 256) == lat.predict_prefill_chunks_ms(768, 256)
+    assert lat.predict_extend_chunks_ms(500, 0, 256) == []

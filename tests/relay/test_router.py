@@ -1,4 +1,5 @@
-"""Affinity router: rendezvous stability, minimal movement, health; the nginx consistent-hash port."""
+"""The port of nginx's `hash ... consistent` (what clients and tests use to predict placement): minimal
+movement, down servers, the ketama points, agreement with a live nginx."""
 
 from __future__ import annotations
 
@@ -15,79 +16,47 @@ from pathlib import Path
 
 import pytest
 
-from mindspore_relaygr.relay.router import AffinityRouter, NginxConsistentHash, NoHealthyInstance, rendezvous_score
+from mindspore_relaygr.relay.router import NginxConsistentHash, NoHealthyInstance
 
 KEYS = [f"user-{i}" for i in range(2000)]
-INSTANCES = [f"i{k}" for k in range(5)]
 
 
-def test_rendezvous_is_stable_and_hash_seed_independent():
-    # Python's hash() is salted per process; these values pin the blake2b-based weights instead.
-    assert rendezvous_score("user-1", "i0") == 16617597486567527622
-    router = AffinityRouter(INSTANCES)
-    assert [router.route(f"user-{i}") for i in range(8)] == ["i2", "i0", "i2", "i3", "i2", "i0", "i4", "i4"]
-    assert [router.route(k) for k in KEYS] == [AffinityRouter(list(INSTANCES)).route(k) for k in KEYS]
-    assert router.ranked("user-1")[0] == router.route("user-1")
-    assert sorted(router.ranked("user-1")) == sorted(INSTANCES)
-    load = Counter(router.route(k) for k in KEYS)
-    assert set(load) == set(INSTANCES) and min(load.values()) > len(KEYS) / len(INSTANCES) * 0.7
-
-
-@pytest.mark.parametrize("method", ["rendezvous", "nginx"])
-def test_removing_an_instance_moves_only_its_keys(method):
-    instances = [f"127.0.0.1:{9000 + k}" for k in range(5)]
-    before = AffinityRouter(instances, method=method)
-    removed = instances[2]
-    after = AffinityRouter([i for i in instances if i != removed], method=method)
+def test_removing_a_server_moves_only_its_keys():
+    servers = [f"127.0.0.1:{9000 + k}" for k in range(5)]
+    before = NginxConsistentHash(servers)
+    removed = servers[2]
+    after = NginxConsistentHash([s for s in servers if s != removed])
     moved = [k for k in KEYS if before.route(k) != after.route(k)]
     assert moved and all(before.route(k) == removed for k in moved)
     assert len(moved) == sum(before.route(k) == removed for k in KEYS)  # every key of the removed one moved
-    # Adding an instance moves only the keys that now land on it.
-    grown = AffinityRouter(instances + ["127.0.0.1:9005"], method=method)
+    # Adding a server moves only the keys that now land on it.
+    grown = NginxConsistentHash(servers + ["127.0.0.1:9005"])
     moved = [k for k in KEYS if before.route(k) != grown.route(k)]
     assert moved and all(grown.route(k) == "127.0.0.1:9005" for k in moved)
+    load = Counter(before.route(k) for k in KEYS)
+    assert set(load) == set(servers)
 
 
-def test_rendezvous_removal_moves_keys_to_their_second_choice():
-    before = AffinityRouter(INSTANCES)
-    after = AffinityRouter(INSTANCES[:3] + INSTANCES[4:])
-    for k in KEYS:
-        if before.route(k) == "i3":
-            assert after.route(k) == before.ranked(k)[1]
-
-
-@pytest.mark.parametrize("method", ["rendezvous", "nginx"])
-def test_health_falls_back_in_ranked_order_and_recovers(method):
-    router = AffinityRouter(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], method=method)
+def test_down_servers_fall_back_in_ranked_order():
+    ring = NginxConsistentHash(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
     key = "user-42"
-    first, second, third = router.ranked(key)
-    router.mark_down(first)
-    assert router.route(key) == second
-    assert router.healthy() == [i for i in router.instances if i != first]
-    router.mark_down(second)
-    assert router.route(key) == third
-    router.mark_down(third)
-    with pytest.raises(NoHealthyInstance, match="all instances are marked down"):
-        router.route(key)
-    router.mark_up(first)
-    assert router.route(key) == first
-    # Keys owned by healthy instances never move when another one goes down.
-    router.mark_up(second)
-    router.mark_up(third)
-    owners = {k: router.route(k) for k in KEYS[:300]}
-    router.mark_down(second)
-    assert all(router.route(k) == owner for k, owner in owners.items() if owner != second)
+    first, second, third = ring.ranked(key)
+    assert ring.route(key, down={first}) == second
+    assert ring.route(key, down={first, second}) == third
+    with pytest.raises(NoHealthyInstance, match="all servers are down"):
+        ring.route(key, down={first, second, third})
+    # Keys owned by healthy servers never move when another one goes down.
+    owners = {k: ring.route(k) for k in KEYS[:300]}
+    assert all(ring.route(k, down={second}) == owner for k, owner in owners.items() if owner != second)
 
 
-def test_router_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="method='ring'"):
-        AffinityRouter(["a"], method="ring")
+def test_bad_servers_are_rejected():
     with pytest.raises(ValueError, match="must be unique"):
-        AffinityRouter(["a", "a"])
-    with pytest.raises(ValueError, match=r"instances=\[\]"):
-        AffinityRouter([])
-    with pytest.raises(ValueError, match="instance='zz': unknown"):
-        AffinityRouter(["a"]).mark_down("zz")
+        NginxConsistentHash(["a", "a"])
+    with pytest.raises(ValueError, match=r"servers=\[\]"):
+        NginxConsistentHash([])
+    with pytest.raises(ValueError, match="weights="):
+        NginxConsistentHash(["a"], weights=[0])
 
 
 def test_nginx_points_follow_the_ketama_recipe():

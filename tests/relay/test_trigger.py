@@ -1,4 +1,5 @@
-"""Sequence-aware trigger: every reason at its boundary, bounds under random streams, thread safety."""
+"""Sequence-aware trigger over the ledger's footprint: every reason at its boundary, bounds under
+random streams, thread safety."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mindspore_relaygr.cache.keys import CacheKey
 from mindspore_relaygr.config import TriggerConfig
 from mindspore_relaygr.relay.latency import LatencyModel, LatencyPoint
+from mindspore_relaygr.relay.ledger import PREFILL, RelayLedger, RelayState
 from mindspore_relaygr.relay.trigger import REASONS, SequenceAwareTrigger
 
 # Full path costs exactly 1/16 ms per token: with the default slo_ms=50, risk_margin=0.8 the budget is
@@ -28,12 +31,50 @@ class FakeClock:
         return self.now
 
 
-def make(clock: FakeClock | None = None, slot_bytes: int = 100, num_slots: int = 64, **cfg) -> SequenceAwareTrigger:
+class Admission:
+    """What the engine does around the trigger: decide under the ledger's lock, record admissions in
+    the ledger, and move relays through it (oldest first)."""
+
+    def __init__(self, trigger: SequenceAwareTrigger) -> None:
+        self.trigger, self.ledger, self._n = trigger, RelayLedger(), 0
+
+    def decide(self, prefix_len, num_candidates, already_cached=False, inflight=False):
+        with self.ledger.lock:
+            d = self.trigger.decide(prefix_len, num_candidates, self.ledger.footprint(), already_cached, inflight)
+            if d.admitted:
+                self._n += 1
+                self.ledger.admit("u", CacheKey("u", "v", self._n, str(self._n)), PREFILL, [1.0], 1000.0)
+            return d
+
+    def _oldest(self, state):
+        return min((r.key for r in self.ledger.of_user("u") if r.state is state), key=lambda k: k.prefix_len)
+
+    def on_ready(self) -> None:
+        key = self._oldest(RelayState.ADMITTED)
+        self.ledger.start(key)
+        self.ledger.ready(key)
+
+    def on_consumed(self) -> None:
+        assert self.ledger.consume(self._oldest(RelayState.READY))
+
+    def on_dropped(self, ready: bool) -> None:
+        self.ledger.drop(self._oldest(RelayState.READY if ready else RelayState.ADMITTED), "failed")
+
+    def counts(self):
+        return self.trigger.counts()
+
+    def state(self) -> dict[str, float]:
+        fp = self.ledger.footprint()
+        return {"inflight_slots": fp.inflight, "inflight_bytes": fp.inflight * self.trigger.slot_bytes,
+                "queued_prefills": fp.pending, "bucket_tokens": self.trigger.stats().bucket_tokens}
+
+
+def make(clock: FakeClock | None = None, slot_bytes: int = 100, num_slots: int = 64, **cfg) -> Admission:
     cfg.setdefault("max_queued_prefills", 64)
     cfg.setdefault("prefill_burst_tokens", 1 << 20)
-    return SequenceAwareTrigger(
+    return Admission(SequenceAwareTrigger(
         TriggerConfig(**cfg), LATENCY, slot_bytes=slot_bytes, num_slots=num_slots, clock=clock or FakeClock()
-    )
+    ))
 
 
 def test_risk_boundary_is_exclusive():
@@ -138,22 +179,6 @@ def test_footprint_is_checked_before_load_and_every_decision_is_counted():
     assert list(counts) == list(REASONS)
 
 
-def test_lifecycle_reports_that_do_not_match_the_state_raise():
-    trig = make()
-    with pytest.raises(RuntimeError, match="on_ready\\(\\) with no prefill pending"):
-        trig.on_ready()
-    trig.decide(AT_RISK, 16)
-    with pytest.raises(RuntimeError, match="on_consumed\\(\\) with no READY relay"):
-        trig.on_consumed()  # still RESERVED
-    with pytest.raises(RuntimeError, match="on_dropped\\(ready=True\\)"):
-        trig.on_dropped(ready=True)
-    trig.on_ready()
-    with pytest.raises(RuntimeError, match="on_dropped\\(ready=False\\)"):
-        trig.on_dropped(ready=False)
-    trig.on_consumed()
-    assert trig.state()["inflight_slots"] == 0
-
-
 def test_bad_queries_raise():
     with pytest.raises(ValueError, match="tokens=-3"):
         make().decide(-3, 16)
@@ -232,9 +257,9 @@ def test_concurrent_deciders_never_overshoot():
         time.sleep(0.0001)
         return 0.0
 
-    trig = SequenceAwareTrigger(
+    trig = Admission(SequenceAwareTrigger(
         TriggerConfig(max_queued_prefills=64), LATENCY, slot_bytes=100, num_slots=7, clock=yielding_clock
-    )
+    ))
     results: list[str] = []
     lock = threading.Lock()
 
@@ -251,3 +276,12 @@ def test_concurrent_deciders_never_overshoot():
         t.join()
     assert results.count("admitted") == 7 and results.count("footprint") == 8 * 50 - 7
     assert trig.counts()["admitted"] == 7
+
+
+def test_an_extension_needs_no_new_slot_and_costs_only_its_tokens():
+    trig = make(num_slots=1, prefill_burst_tokens=1000, max_prefill_tokens_per_s=1.0)
+    assert trig.decide(AT_RISK, 16).reason == "admitted"  # the pool's one slot, 656 tokens from the bucket
+    assert trig.decide(AT_RISK, 16).reason == "footprint"
+    ext = trig.trigger.decide(AT_RISK, 16, trig.ledger.footprint(), extension_tokens=300)
+    assert ext.reason == "admitted" and trig.trigger.stats().bucket_tokens == pytest.approx(44.0, abs=0.01)
+    assert trig.trigger.decide(AT_RISK, 16, trig.ledger.footprint(), extension_tokens=300).reason == "load"

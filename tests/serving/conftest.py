@@ -9,7 +9,7 @@ import pytest
 
 from mindspore_relaygr.config import RelayGRConfig, load_config
 from serving.app import create_app
-from serving.settings import ServingSettings
+from serving.settings import resolve_settings
 from tests.conftest import CONFIGS
 from tests.serving.fake_engine import FakeEngine  # noqa: F401 - re-exported for the tests
 
@@ -28,7 +28,7 @@ def fake_engine(tiny_config: RelayGRConfig) -> FakeEngine:
 
 @pytest.fixture
 def app(tiny_config: RelayGRConfig, fake_engine: FakeEngine):
-    settings = ServingSettings.from_config(tiny_config, max_content_length=256 * 1024, instance_id="t0")
+    settings = resolve_settings(tiny_config, max_content_length=256 * 1024, instance_id="t0")
     return create_app(tiny_config, engine=fake_engine, settings=settings)
 
 

@@ -17,9 +17,16 @@ from typing import Any
 
 import numpy as np
 
+from mindspore_relaygr.cache.expander import DramTierStats
+from mindspore_relaygr.cache.hierarchy import CacheTierStats
+from mindspore_relaygr.cache.manager import DeviceTierStats
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.errors import Overloaded
 from mindspore_relaygr.model.inputs import History, validate_candidates, validate_history
+from mindspore_relaygr.relay.audit import AuditStats
+from mindspore_relaygr.relay.ledger import LedgerStats
+from mindspore_relaygr.relay.stats import DeviceWorkCounts, EngineStats, RankTierCounts
+from mindspore_relaygr.relay.trigger import TriggerStats
 from mindspore_relaygr.relay.types import PreinferResult, RankResult
 
 
@@ -125,30 +132,22 @@ class FakeEngine:
         self.counters[f"preinfer_{result.reason}"] += 1
         return result
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
         with self._lock:
             n = len(self._cache)
         slots = self.config.cache.num_slots or 8
-        return {
-            "instance": self.instance_id,
-            "model_version": self.model_version,
-            "ready": self.ready,
-            "relay_enabled": self.config.relay.enabled,
-            "queue_depth": 0,
-            "pending_prefills": 0,
-            "counters": dict(self.counters),
-            "trigger": {"decisions": {}, "inflight_slots": n, "inflight_bytes": n * 1024, "bucket_tokens": 100.0},
-            "cache": {
-                "tiers": {},
-                "extended_tokens": 0,
-                "device": {"hits": self.counters["rank_device"], "misses": self.counters["rank_miss"],
-                           "num_slots": slots, "num_free_slots": max(slots - n, 0), "num_ready": n,
-                           "num_reserved": 0, "bytes_in_use": n * 1024, "evictions_lru": 0,
-                           "evictions_expired": 0, "evictions_released": 0},
-                "dram": {"hits": 0, "misses": 0, "bytes_in_use": 0, "num_entries": 0, "evictions": 0,
-                         "expirations": 0, "reloads": 0, "bytes_copied": np.int64(0)},
-            },
-        }
+        ranks = RankTierCounts(device=self.counters["rank_device"], miss=self.counters["rank_miss"],
+                               bypass=self.counters["rank_bypass"])
+        device = DeviceTierStats(num_slots=slots, num_free_slots=max(slots - n, 0), num_ready=n,
+                                 bytes_in_use=n * 1024)
+        return EngineStats(
+            instance=self.instance_id, model_version=self.model_version, ready=self.ready,
+            relay_enabled=self.config.relay.enabled, queue_depth=0, copy_bytes_per_s=1e9, slot_bytes=1024,
+            ranks=ranks, work=DeviceWorkCounts(rejections=self.counters["rejections"]),
+            relays=LedgerStats(n, 0, n, 0, 0, 0, 0, 0), trigger=TriggerStats({}, 100.0),
+            cache=CacheTierStats(0, 0, 0, 0, device, DramTierStats(bytes_copied=int(np.int64(0)))),
+            audit=AuditStats(), preinfers={k[9:]: v for k, v in self.counters.items() if k.startswith("preinfer_")},
+        )
 
     def flush(self) -> None:
         with self._lock:

@@ -122,7 +122,7 @@ def serve(tmp: Path, instance_id: str = "s0", config: Path | None = None, overri
     """`relaygr serve` (via python -m) on a free port; yields (base url, process, log path)."""
     port = free_port_block(1)
     log = tmp / f"{instance_id}.log"
-    cmd = [sys.executable, "-m", "mindspore_relaygr.serving_cli", "serve", "--host", HOST, "--port", str(port),
+    cmd = [sys.executable, "-m", "serving.cli", "serve", "--host", HOST, "--port", str(port),
            "--instance-id", instance_id, "--pid-file", str(tmp / f"{instance_id}.pid")]
     if config is not None:
         cmd += ["--config", str(config)]
@@ -151,7 +151,7 @@ def cluster(tmp: Path, num_instances: int, config: Path | None = None, overrides
     port = free_port_block(num_instances + 1)
     run_dir = tmp / "cluster"
     log = tmp / "cluster.log"
-    cmd = [sys.executable, "-m", "mindspore_relaygr.serving_cli", "-v", "cluster", "--instances",
+    cmd = [sys.executable, "-m", "serving.cli", "-v", "cluster", "--instances",
            str(num_instances), "--port", str(port), "--run-dir", str(run_dir), "--ready-timeout", str(ready_timeout),
            "--fail-timeout", "30"]
     if config is not None:

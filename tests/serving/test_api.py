@@ -15,7 +15,7 @@ from mindspore_relaygr.model.inputs import validate_candidates, validate_history
 from mindspore_relaygr.relay.executor import ExecutorClosed
 from serving import headers
 from serving.app import create_app
-from serving.settings import ServingSettings
+from serving.settings import resolve_settings
 from tests.conftest import CONFIGS, REPO
 from tests.serving.conftest import KNOWN_USER, FakeEngine, make_history, preinfer_body, rank_body
 from tests.serving.fake_engine import fake_scores
@@ -157,7 +157,7 @@ def test_admin_flush_without_a_token(client, fake_engine):
 ])
 def test_admin_flush_with_a_token(tiny_config, auth, status):
     engine = FakeEngine(tiny_config, "t1")
-    settings = ServingSettings.from_config(tiny_config, admin_token="secret-token")
+    settings = resolve_settings(tiny_config, admin_token="secret-token")
     client = create_app(tiny_config, engine=engine, settings=settings).test_client()
     post(client, "/v1/preinfer", preinfer_body())
     resp = client.post("/v1/admin/flush", headers={"Authorization": auth} if auth else {})
@@ -188,7 +188,7 @@ class SlowFactory:
 
 def test_engine_is_built_lazily_and_readyz_waits_for_it(tiny_config):
     factory = SlowFactory()
-    settings = ServingSettings.from_config(tiny_config, instance_id="lazy", retry_after_s=3)
+    settings = resolve_settings(tiny_config, instance_id="lazy", retry_after_s=3)
     app = create_app(tiny_config, engine_factory=factory, settings=settings)
     assert factory.calls == 0  # nothing built at app creation (that would be before fork)
     client = app.test_client()

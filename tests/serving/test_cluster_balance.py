@@ -70,7 +70,7 @@ def instances_of_one_user(url: str, user: str, n: int = 20) -> Counter[str]:
 def test_cli_random_balance_spreads_one_user_over_the_instances(tmp_path):
     port = free_port_block(3)
     run_dir, log = tmp_path / "cluster", tmp_path / "cluster.log"
-    cmd = [sys.executable, "-m", "mindspore_relaygr.serving_cli", "cluster", "--instances", "2", "--port", str(port),
+    cmd = [sys.executable, "-m", "serving.cli", "cluster", "--instances", "2", "--port", str(port),
            "--run-dir", str(run_dir), "--config", str(CONFIGS / "tiny.yaml"), "--engine-factory", FAKE_FACTORY,
            "--balance", "random", "--ready-timeout", "120"]
     with open(log, "ab") as out:

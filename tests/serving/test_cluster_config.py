@@ -13,7 +13,7 @@ import pytest
 from mindspore_relaygr.errors import ConfigError
 from serving import headers
 from serving.cluster import ClusterError, ClusterSpec, find_nginx, render_nginx_conf
-from serving.settings import ServingSettings, load_from_env, to_env
+from serving.settings import load_from_env, resolve_settings, to_env
 from tests.conftest import CONFIGS, REPO
 
 
@@ -86,7 +86,7 @@ def test_settings_round_trip_through_the_environment():
 ])
 def test_settings_are_validated(tiny_config, bad, match):
     with pytest.raises(ConfigError, match=match):
-        ServingSettings.from_config(tiny_config, **bad)
+        resolve_settings(tiny_config, **bad)
 
 
 @pytest.mark.parametrize("env, match", [
@@ -105,6 +105,6 @@ def test_a_bundle_that_is_not_one_is_rejected_before_serving(tmp_path):
 
     with pytest.raises(BundleError, match="manifest.json is missing"):
         load_from_env({"RELAYGR_BUNDLE": str(tmp_path)})
-    out = subprocess.run([sys.executable, "-m", "mindspore_relaygr.serving_cli", "serve", "--bundle", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "serving.cli", "serve", "--bundle", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "manifest.json is missing" in out.stderr

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from serving import headers
 from serving.app import create_app
 from serving.schemas import Limits
-from serving.settings import ServingSettings
+from serving.settings import resolve_settings
 from tests.serving.conftest import KNOWN_USER, FakeEngine, preinfer_body, rank_body
 from tests.serving.fuzz import EXPECTED_STATUSES, HostileRequests
 
@@ -24,7 +24,7 @@ def send(client, probe):
 
 def test_hostile_requests_all_get_4xx_and_leave_the_known_user_alone(tiny_config):
     engine = FakeEngine(tiny_config, "f0")
-    settings = ServingSettings.from_config(tiny_config, max_content_length=MAX_BODY)
+    settings = resolve_settings(tiny_config, max_content_length=MAX_BODY)
     client = create_app(tiny_config, engine=engine, settings=settings).test_client()
     assert client.post("/v1/preinfer", json=preinfer_body()).json["admitted"]
     entry = engine.cache_entry(KNOWN_USER)

@@ -79,7 +79,7 @@ def test_a_kept_alive_connection_survives_rejected_bodies(tmp_path):
 
 
 def test_serve_rejects_a_bad_config_before_starting(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "mindspore_relaygr.serving_cli", "serve", "--port", "1",
+    out = subprocess.run([sys.executable, "-m", "serving.cli", "serve", "--port", "1",
                           "-o", "cache.num_slots=-1"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "cache.num_slots=-1" in out.stderr
 
@@ -140,7 +140,7 @@ def test_cluster_affinity_matches_the_python_port_and_survives_a_dead_instance(t
             moved = i >= 20 and ring.route(user) == dead_server
             assert resp.headers[headers.CACHE] == ("miss" if moved else "device"), user
 
-        stop = subprocess.run([sys.executable, "-m", "mindspore_relaygr.serving_cli", "cluster", "--stop",
+        stop = subprocess.run([sys.executable, "-m", "serving.cli", "cluster", "--stop",
                                "--run-dir", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert stop.returncode == 0, stop.stderr
         assert "nginx" in stop.stderr and "i0" in stop.stderr
@@ -177,13 +177,13 @@ def test_cluster_passes_ranks_from_an_overloaded_instance_on_and_ctrl_c_stops_it
 
 def test_cluster_refuses_a_busy_run_dir_and_reports_a_missing_one(tmp_path):
     with cluster(tmp_path, 1, engine_factory=FAKE_FACTORY) as (url, proc, run_dir, port):
-        again = subprocess.run([sys.executable, "-m", "mindspore_relaygr.serving_cli", "cluster", "--instances", "1",
+        again = subprocess.run([sys.executable, "-m", "serving.cli", "cluster", "--instances", "1",
                                 "--port", str(port + 10), "--run-dir", str(run_dir),
                                 "--engine-factory", FAKE_FACTORY], cwd=REPO, capture_output=True, text=True,
                                timeout=120)
         assert again.returncode == 2 and "already runs a cluster" in again.stderr
         assert session().get(f"{url}/healthz", timeout=TIMEOUT).status_code == 200  # untouched
-    missing = subprocess.run([sys.executable, "-m", "mindspore_relaygr.serving_cli", "cluster", "--stop", "--run-dir",
+    missing = subprocess.run([sys.executable, "-m", "serving.cli", "cluster", "--stop", "--run-dir",
                               str(tmp_path / "nope")], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no cluster was started" in missing.stderr
 

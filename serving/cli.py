@@ -1,8 +1,9 @@
-"""`relaygr serve` (one instance: gunicorn, one worker process) and `relaygr cluster` (N instances + nginx).
+"""The `relaygr` command: the library's commands plus `relaygr serve` (one instance: gunicorn, one
+worker process), `relaygr cluster` (N instances + nginx) and `relaygr bench cluster`.
 
-Wired into `relaygr` by `register(subparsers)`; also runnable alone:
-`python -m mindspore_relaygr.serving_cli serve --config configs/tiny.yaml --port 8080`.
-Imports of `serving` stay inside the commands: the library itself never imports Flask.
+The console script `relaygr` runs `main` here (`python -m serving.cli ...` is the same), because the
+library (`mindspore_relaygr.cli`) never imports `serving`: these commands reach its parser through
+`build_parser(extend=register)`.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
                              "RelayEngine.from_config (load tests of the HTTP layer, tests)")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `serve` and `cluster` commands to the `relaygr` parser."""
+def register(subparsers: argparse._SubParsersAction, bench_subparsers: argparse._SubParsersAction) -> None:
+    """Add `serve`, `cluster` and `bench cluster` to the `relaygr` parser."""
+    from serving.cluster_bench import register as register_cluster_bench
+
+    register_cluster_bench(bench_subparsers)
     serve = subparsers.add_parser("serve", help="run one serving instance (gunicorn, 1 worker, gthread threads)")
     _add_config_args(serve)
     serve.add_argument("--host", default=None, help="bind address (default serving.host, 127.0.0.1)")
@@ -78,12 +82,12 @@ def _load(args: argparse.Namespace) -> RelayGRConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Validate the config, then exec gunicorn: this process becomes the gunicorn master (same PID)."""
-    from serving.settings import ServingSettings, to_env
+    from serving.settings import resolve_settings, to_env
 
     if args.daemon and not args.pid_file:
         raise RelayGRError("--daemon needs --pid-file (that is how the instance is stopped)")
     config = _load(args)
-    settings = ServingSettings.from_config(config, host=args.host, port=args.port, instance_id=args.instance_id,
+    settings = resolve_settings(config, host=args.host, port=args.port, instance_id=args.instance_id,
                                            threads=args.threads, access_log=True if args.access_log else None)
     if args.engine_factory:
         from serving.app import import_factory
@@ -91,7 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import_factory(args.engine_factory)  # fail here, not in the worker
     env = {**os.environ, **to_env(args.config, args.override, dataclasses.asdict(settings), args.engine_factory,
                                   args.bundle)}
-    conf = Path(__file__).resolve().parents[1] / "serving" / "gunicorn.conf.py"
+    conf = Path(__file__).resolve().parent / "gunicorn.conf.py"
     argv = [sys.executable, "-m", "gunicorn", "-c", str(conf)]
     if args.pid_file:
         argv += ["--pid", str(Path(args.pid_file).resolve())]
@@ -109,7 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_cluster(args: argparse.Namespace) -> int:
     """Start (or --stop) N instances behind nginx; in the foreground, Ctrl-C stops everything."""
     from serving.cluster import Cluster, ClusterSpec, stop_cluster
-    from serving.settings import ServingSettings
+    from serving.settings import resolve_settings
 
     run_dir = Path(args.run_dir or f"outputs/cluster-{args.port}").resolve()
     if args.stop:
@@ -120,7 +124,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     spec = ClusterSpec(port=args.port, num_instances=args.instances, run_dir=run_dir, config_path=args.config,
                        overrides=tuple(args.override), host=args.host, max_fails=args.max_fails,
                        fail_timeout_s=args.fail_timeout, read_timeout_s=args.read_timeout,
-                       max_body_bytes=ServingSettings.from_config(config).max_content_length,
+                       max_body_bytes=resolve_settings(config).max_content_length,
                        engine_factory=args.engine_factory, bundle=args.bundle, nginx_bin=args.nginx,
                        balance=args.balance)
     cluster = Cluster(spec)
@@ -147,13 +151,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m mindspore_relaygr.serving_cli {serve,cluster} ...` (same as `relaygr serve|cluster`)."""
-    from mindspore_relaygr.cli import run_command
+    """`relaygr ...`: every command of the library and of serving."""
+    from mindspore_relaygr.cli import build_parser, run_command
 
-    parser = argparse.ArgumentParser(prog="relaygr", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    register(parser.add_subparsers(dest="command", required=True))
-    return run_command(parser, argv)
+    return run_command(build_parser(extend=register), argv)
 
 
 if __name__ == "__main__":

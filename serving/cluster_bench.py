@@ -43,14 +43,14 @@ from typing import Any
 
 import requests
 
-from mindspore_relaygr.bench.http_target import HTTPTarget
 from mindspore_relaygr.bench.loadgen import Outcome, run_open_loop, summarize
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig, load_config, save_config
 from mindspore_relaygr.errors import ConfigError
+from serving.http_target import HTTPTarget
 
 Progress = Callable[[str], None]
-REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 HOST = "127.0.0.1"
 MODES = ("baseline", "relay", "relay_no_affinity")
 # mode -> (instance set, nginx balancing, pre-infer sent)
@@ -300,9 +300,9 @@ class ClusterBenchSpec:
 def make_set(name: str, bench: ClusterBenchSpec, config: RelayGRConfig, max_len: int) -> InstanceSet:
     """The set's cluster spec (its ports are picked again when it starts)."""
     from serving.cluster import ClusterSpec
-    from serving.settings import ServingSettings
+    from serving.settings import resolve_settings
 
-    settings = ServingSettings.from_config(config)
+    settings = resolve_settings(config)
     overrides = set_overrides(name, bench.slo_ms, max_len, list(bench.overrides), bench.profile)
     spec = ClusterSpec(port=free_port_block(bench.num_instances + 1), num_instances=bench.num_instances,
                        run_dir=Path(bench.run_root) / name, config_path=bench.config_path, overrides=tuple(overrides),

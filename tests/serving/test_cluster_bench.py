@@ -9,8 +9,11 @@ from dataclasses import replace
 
 import pytest
 
-from mindspore_relaygr.bench import cluster_bench
-from mindspore_relaygr.bench.cluster_bench import (
+from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
+from mindspore_relaygr.config import load_config
+from mindspore_relaygr.errors import ConfigError
+from serving import cluster_bench
+from serving.cluster_bench import (
     MODES,
     ClusterBenchSpec,
     at_load,
@@ -19,9 +22,6 @@ from mindspore_relaygr.bench.cluster_bench import (
     plan_runs,
     set_overrides,
 )
-from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
-from mindspore_relaygr.config import load_config
-from mindspore_relaygr.errors import ConfigError
 from tests.conftest import CONFIGS
 from tests.serving.servers import FAKE_FACTORY
 

@@ -16,13 +16,13 @@ import requests
 from werkzeug.serving import make_server
 from werkzeug.wsgi import LimitedStream
 
-from mindspore_relaygr.bench.http_target import HTTPTarget, user_id
 from mindspore_relaygr.bench.loadgen import run_open_loop, summarize
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import load_config
 from serving import headers
 from serving.app import create_app
-from serving.settings import ServingSettings
+from serving.http_target import HTTPTarget, user_id
+from serving.settings import resolve_settings
 from tests.conftest import CONFIGS
 from tests.serving.fake_engine import FakeEngine
 
@@ -172,7 +172,7 @@ def bounded_input(app):
 
 @contextlib.contextmanager
 def live_app(engine: FakeEngine) -> Iterator[str]:
-    settings = ServingSettings.from_config(engine.config, instance_id=engine.instance_id)
+    settings = resolve_settings(engine.config, instance_id=engine.instance_id)
     app = create_app(engine.config, engine=engine, settings=settings)
     server = make_server("127.0.0.1", 0, bounded_input(app), threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -1,0 +1,135 @@
+"""RelayLedger transitions, and a stateful test driving the engine's API (fake model) that checks the
+invariants the ledger keeps: one live relay per key, footprint = live prefills, every READY relay's
+key on the device, consumed/dropped relays gone, and cache-served scores exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from mindspore_relaygr import load_config
+from mindspore_relaygr.cache.keys import CacheKey
+from mindspore_relaygr.cache.manager import EntryState
+from mindspore_relaygr.relay.engine import RelayEngine
+from mindspore_relaygr.relay.ledger import PENDING, PREFETCH, PREFILL, RelayLedger, RelayState
+from tests.conftest import CONFIGS, random_history
+from tests.relay.fake_model import FakeModel
+from tests.relay.test_engine_fake import BASE, latency
+
+
+def key(user="u", n=5):
+    return CacheKey(user, "v", n, f"h{n}")
+
+
+def test_transitions_and_wrong_ones_name_the_state():
+    ledger = RelayLedger()
+    relay = ledger.admit("u", key(), PREFILL, [1.0, 2.0], 1000.0)
+    assert relay.state is RelayState.ADMITTED and relay.remaining_ms() == 3.0
+    with pytest.raises(ValueError, match="already relayed \\(state ADMITTED\\)"):
+        ledger.admit("u", key(), PREFILL, [1.0], 1000.0)
+    with pytest.raises(ValueError, match="to READY: state is ADMITTED"):
+        ledger.ready(key())
+    with pytest.raises(ValueError, match="state is ADMITTED, need PREFILLING"):
+        ledger.step_done(key())
+    ledger.start(key())
+    ledger.step_done(key())
+    assert relay.remaining_ms() == 2.0 and ledger.footprint().pending == 1
+    assert not ledger.consume(key())  # not READY yet: a rank cannot consume it
+    ledger.ready(key())
+    assert ledger.footprint().inflight == 1 and ledger.footprint().pending == 0
+    assert ledger.consume(key()) and ledger.get(key()) is None and relay.state is RelayState.CONSUMED
+    with pytest.raises(ValueError, match="no live relay"):
+        ledger.drop(key(), "failed")
+    with pytest.raises(ValueError, match="does not belong"):
+        ledger.admit("w", key(), PREFILL, [1.0], 1000.0)
+
+
+def test_prefetches_stay_out_of_the_footprint_and_evictions_are_counted():
+    ledger = RelayLedger()
+    ledger.admit("u", key(n=1), PREFETCH, [1.0], 1000.0)
+    ledger.admit("u", key(n=2), PREFILL, [1.0], 1000.0)
+    assert ledger.footprint().inflight == 1 and [r.key.prefix_len for r in ledger.of_user("u")] == [2, 1]
+    for n in (1, 2):
+        ledger.start(key(n=n))
+        ledger.ready(key(n=n))
+    assert ledger.on_evicted(key(n=2)) and ledger.on_evicted(key(n=1), superseded=True)
+    assert not ledger.on_evicted(key(n=3))
+    stats = ledger.stats()
+    assert (stats.dropped_evicted, stats.dropped_superseded, stats.inflight_relays) == (1, 1, 0)
+
+
+class EngineMachine(RuleBasedStateMachine):
+    """Random pre-infers, ranks (same, grown, forged histories), evictions and flushes through the
+    engine's public API."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        cfg = load_config(CONFIGS / "tiny.yaml", [*BASE, "cache.num_slots=3", "relay.inflight_wait_ms=0"])
+        self.engine = RelayEngine(cfg, FakeModel(cfg), latency())
+        self.rng = np.random.default_rng(0)
+        self.histories: dict[str, dict] = {}
+
+    def teardown(self) -> None:
+        self.engine.close()
+
+    def _history(self, user, grow):
+        h = self.histories.get(user)
+        if h is None or not grow:
+            return random_history(self.rng, int(self.rng.integers(20, 90)), user_features=[1, 2])
+        more = random_history(self.rng, grow, user_features=[1, 2])
+        out = {k: (v if k == "user_features" else np.r_[v, more[k]]) for k, v in h.items()}
+        out["timestamps"] = np.r_[h["timestamps"], h["timestamps"][-1] + np.arange(1, grow + 1)]
+        return out
+
+    @rule(user=st.sampled_from("abcd"), grow=st.sampled_from([0, 0, 3, 12, 30]), wait=st.booleans())
+    def preinfer(self, user, grow, wait):
+        h = self._history(user, grow)
+        if len(h["item_ids"]) <= 120:
+            self.histories[user] = h
+            self.engine.preinfer(user, h, num_candidates=10)
+        if wait:
+            self.engine.wait_prefills(10)
+
+    @rule(user=st.sampled_from("abcd"), forged=st.booleans())
+    def rank(self, user, forged):
+        h = self._history(user, 0) if forged or user not in self.histories else self.histories[user]
+        cands = np.arange(1, 9)
+        res = self.engine.rank(user, h, cands)
+        np.testing.assert_array_equal(res.scores, self.engine.model.rank_full(h, cands), err_msg=res.cache)
+
+    @rule()
+    def evict(self):
+        self.engine.executor.submit(self.engine.cache.manager.evict_one).result()
+
+    @rule()
+    def flush(self):
+        self.engine.flush()
+
+    @invariant()
+    def ledger_matches_the_cache(self):
+        eng = self.engine
+        with eng.ledger.lock:
+            live = [r for user in "abcd" for r in eng.ledger.of_user(user)]
+            fp = eng.ledger.footprint()
+            states = {r.key: r.state for r in live}
+        assert len(states) == len(live)  # one live relay per key
+        assert fp.inflight == sum(r.kind == PREFILL for r in live) <= eng.trigger.max_inflight_slots
+        assert fp.pending == sum(r.kind == PREFILL and r.state in PENDING for r in live)
+        for k, state in states.items():
+            lease = eng.cache.manager.peek(k)
+            if state is RelayState.READY:  # a READY relay is on the device until consumed or dropped
+                assert lease is not None and lease.state is EntryState.READY, k
+        stats = eng.stats()
+        with eng.ledger.lock:  # every admitted relay is live, consumed or dropped, exactly once
+            r = eng.ledger.stats()
+            num_live = sum(len(eng.ledger.of_user(user)) for user in "abcd")
+        assert r.admitted == num_live + r.consumed + r.dropped_no_slot + r.dropped_failed + r.dropped_evicted \
+            + r.dropped_superseded
+        assert stats.cache.device.bytes_in_use <= 3 * eng.model.layout.slot_bytes
+
+
+TestEngineMachine = EngineMachine.TestCase
+TestEngineMachine.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
