@@ -298,10 +298,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     num_negatives: int = 128  # uniform negatives of each position in the every-position sampled softmax
     negative_pool: int = 512  # uniform items per sequence that its positions' negatives are picked from
-    num_cuts: int = 2  # candidate groups per sequence, each cut at a random event (M-FALCON)
-    num_candidate_negatives: int = 31  # negatives per candidate group
-    candidate_loss_weight: float = 1.0  # weight of the candidate-group softmax vs the every-position loss
-    high_rating_weight: float = 1.0  # weight of the high_rating BCE (on the groups' positives)
+    num_cuts: int = 2  # candidate tokens per sequence, each cut at a random event (M-FALCON)
+    high_rating_weight: float = 1.0  # weight of the high_rating BCE (on the candidate tokens)
     max_history_len: int | None = None  # null: model.max_seq_len minus the user token
     init: str = "xavier"  # xavier: re-initialize at the HSTU reference scales | model: keep HSTUNet's init
     rab_init: float = 0.0  # xavier init: mean of the relative-bias table (1.0: layers start as a causal mean)
@@ -328,7 +326,7 @@ class TrainConfig:
         for key in ("lr", "sasrec_lr"):
             _require(getattr(self, key) > 0, f"train.{key}", getattr(self, key), "must be > 0")
         _require(0 < self.beta2 < 1, "train.beta2", self.beta2, "must be in (0, 1)")
-        for key in ("weight_decay", "high_rating_weight", "candidate_loss_weight", "num_candidate_negatives"):
+        for key in ("weight_decay", "high_rating_weight"):
             _require(getattr(self, key) >= 0, f"train.{key}", getattr(self, key), "must be >= 0")
         for key in ("max_history_len", "max_eval_users"):
             if getattr(self, key) is not None:

@@ -46,7 +46,7 @@ USERS_FILE = "users.json"
 REQUIRED_FILES = (CONFIG_FILE, CHECKPOINT_FILE, ITEMS_FILE, USERS_FILE)
 PREFIX_INPUTS = ("item_ids", "action_ids", "user_feats", "user_row", "pos", "hi", "lo", "valid")
 CANDIDATE_INPUTS = ("keys", "values", "past_pos", "past_hi", "past_lo", "past_valid", "item_ids", "action_ids",
-                    "pos", "hi", "lo", "valid", "cand_ids", "cand_pos", "cand_hi", "cand_lo")
+                    "pos", "hi", "lo", "valid", "cand_ids", "cand_pos", "cand_hi", "cand_lo", "last")
 
 
 @dataclass(frozen=True)
@@ -122,11 +122,12 @@ def graph_cells(net: Any) -> tuple[Any, Any]:
 
         def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid):
             x = self.net.add_user_token(self.net.embed(item_ids, action_ids, pos), user_feats, user_row)
-            keys, values, _ = self.net.encode(x, (pos, hi, lo, valid), None, None, None, False)
+            keys, values, _, _ = self.net.encode(x, (pos, hi, lo, valid), None, None, None, False)
             return ops.stack(keys), ops.stack(values)
 
     class CandidateLogits(nn.Cell):
-        """Prefix K/V and meta + suffix tokens + candidates -> candidate logits [M, tasks]."""
+        """Prefix K/V and meta + suffix tokens + candidates -> candidate logits [M, tasks]; `last` [1] is the row
+        of the last suffix event (the user state)."""
 
         def __init__(self) -> None:
             super().__init__(auto_prefix=False)  # leave the net's parameter names (checkpoint keys) alone
@@ -134,7 +135,7 @@ def graph_cells(net: Any) -> tuple[Any, Any]:
             self.num_layers = len(net.layers)
 
         def construct(self, keys, values, past_pos, past_hi, past_lo, past_valid, item_ids, action_ids, pos, hi,
-                      lo, valid, cand_ids, cand_pos, cand_hi, cand_lo):
+                      lo, valid, cand_ids, cand_pos, cand_hi, cand_lo, last):
             x = self.net.embed(item_ids, action_ids, pos)
             cand = self.net.embed_candidates(cand_ids, cand_pos)
             # encode takes K/V per layer; Slice (not integer indexing, slow on CPU) splits the stacked inputs.
@@ -142,8 +143,9 @@ def graph_cells(net: Any) -> tuple[Any, Any]:
             values = tuple(ops.squeeze(take(values, i, i + 1), 0) for i in range(self.num_layers))
             views = tuple((keys[i], None, values[i], None) for i in range(len(keys)))  # graph mode: no zip(strict=)
             past = (views, past_pos, past_hi, past_lo, past_valid)
-            _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo), False)
-            return self.net.logits(hidden, cand_ids)
+            _, _, hidden, user = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo),
+                                                 False, last)
+            return self.net.logits(user, hidden, cand_ids)
 
     return PrefixKV(), CandidateLogits()
 
@@ -162,9 +164,9 @@ def prefix_input_specs(config: RelayGRConfig, bucket: int) -> list[dict[str, Any
 def candidate_input_specs(config: RelayGRConfig, past: int, suffix: int, cands: int) -> list[dict[str, Any]]:
     m = config.model
     shapes = ((m.num_layers, m.num_heads, past, m.d_qk), (m.num_layers, m.num_heads, past, m.d_v),
-              (past,), (past,), (past,), (past,), *((suffix,),) * 6, (cands,), (1,), (1,), (1,))
+              (past,), (past,), (past,), (past,), *((suffix,),) * 6, (cands,), (1,), (1,), (1,), (1,))
     dtypes = ("float32", "float32", "int32", "float32", "float32", "bool", "int32", "int32", "int32", "float32",
-              "float32", "bool", "int32", "int32", "float32", "float32")
+              "float32", "bool", "int32", "int32", "float32", "float32", "int32")
     return [{"name": n, **_spec(s, d)} for n, s, d in zip(CANDIDATE_INPUTS, shapes, dtypes, strict=True)]
 
 
@@ -341,7 +343,8 @@ def _pick_candidate_graph(manifest: dict[str, Any], past: int, suffix: int, cand
 def mindir_scores(bundle_dir: str | Path, config: RelayGRConfig, history: Any, candidate_ids: Any,
                   prefix_len: int) -> np.ndarray:
     """Probabilities [M, tasks] from the bundle's MindIR graphs: events [0, prefix_len) through the prefix graph,
-    its K/V with the remaining events and the candidates through the candidate graph."""
+    its K/V with the remaining events and the candidates through the candidate graph (at least the last event:
+    its final state is the user state)."""
     import mindspore as ms
     from mindspore import Tensor, nn
 
@@ -351,16 +354,18 @@ def mindir_scores(bundle_dir: str | Path, config: RelayGRConfig, history: Any, c
     root, cfg = Path(bundle_dir), config.model
     manifest = verify_bundle(root)
     hist, cands = validate_history(cfg, history), validate_candidates(cfg, candidate_ids)
+    prefix_len = min(prefix_len, len(hist) - 1)
     prefix, suffix = hist.slice(0, prefix_len), hist.slice(prefix_len)
     prefix_tok = prefix_len + (1 if cfg.has_user_token else 0)
     past = bucket_for(prefix_tok, [b for b in cfg.len_buckets if b <= config.cache.max_prefix_len], "prefix_len")
     name, suffix_bucket, cand_bucket = _pick_candidate_graph(manifest, past, len(suffix), len(cands))
     prefix_cell = nn.GraphCell(ms.load(str(root / f"prefix_p{past}.mindir")))
-    keys, values = prefix_cell(*(Tensor(a) for a in prefix_inputs(cfg, prefix, past)))
-    past_meta, suffix_arrays = suffix_inputs(cfg, prefix, suffix, past, suffix_bucket)
+    keys, values = prefix_cell(*(Tensor(a) for a in prefix_inputs(cfg, hist, past, prefix_len)))
+    past_meta, suffix_arrays = suffix_inputs(cfg, hist, prefix_len, past, suffix_bucket)
     cand = candidate_inputs(cfg, cands, prefix_tok + len(suffix), last_time(suffix, last_time(prefix)), cand_bucket)
     candidate_cell = nn.GraphCell(ms.load(str(root / name)))
-    logits = candidate_cell(keys, values, *(Tensor(a) for a in (*past_meta, *suffix_arrays, *cand))).asnumpy()
+    last = np.array([len(suffix) - 1], np.int32)
+    logits = candidate_cell(keys, values, *(Tensor(a) for a in (*past_meta, *suffix_arrays, *cand, last))).asnumpy()
     return (1.0 / (1.0 + np.exp(-logits[: len(cands)]))).astype(np.float32)
 
 

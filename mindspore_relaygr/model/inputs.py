@@ -150,9 +150,10 @@ class TokenBatch:
 
 
 def layout_tokens(cfg: ModelConfig, history: History, start_event: int, with_user_token: bool,
-                  first_position: int, bucket: int, context_action: int) -> TokenBatch:
-    """Tokens for events [start_event, n) (preceded by the user token if asked), padded to `bucket`."""
-    ev = history.slice(start_event)
+                  first_position: int, bucket: int, context_action: int, stop_event: int | None = None) -> TokenBatch:
+    """Tokens for events [start_event, stop_event) (preceded by the user token if asked, which carries the
+    history's first timestamp), padded to `bucket`."""
+    ev = history.slice(start_event, stop_event)
     items, actions, times = ev.item_ids, ev.action_ids, ev.timestamps
     if with_user_token:
         first_time = history.timestamps[:1] if len(history) else np.zeros(1, np.int64)

@@ -79,19 +79,24 @@ class HSTUNet(nn.Cell):
         action = take(self.action_table, self.candidate_action, self.candidate_action + 1)
         return ops.gather(self.item_table, cand_ids, 0) + action + self.embed_positions(cand_pos)
 
-    def logits(self, cand_hidden: Tensor, cand_ids: Tensor) -> Tensor:
-        """Candidate logits [M, tasks]: engage = cos(hidden, item embedding) / temperature, then the head."""
-        hidden = self.final_norm(cand_hidden)
-        engage = self.engage_logits(hidden, ops.gather(self.item_table, cand_ids, 0))
+    def logits(self, user_hidden: Tensor, cand_hidden: Tensor, cand_ids: Tensor) -> Tensor:
+        """Candidate logits [M, tasks]: engage = cos(user state, candidate item embedding) / temperature, the
+        user state being the last behaviour token's final state [1, d] (what every position learns to predict
+        the next item with); the other tasks from the head on each candidate's final state [M, d]."""
+        engage = self.engage_logits(self.final_norm(user_hidden), ops.gather(self.item_table, cand_ids, 0))
         if self.head is None:
             return ops.expand_dims(engage, -1)
-        return ops.concat((ops.expand_dims(engage, -1), self.head(hidden)), axis=-1)
+        return ops.concat((ops.expand_dims(engage, -1), self.head(self.final_norm(cand_hidden))), axis=-1)
 
     def engage_logits(self, hidden: Tensor, item_emb: Tensor) -> Tensor:
         """cos(hidden, item_emb) / temperature over the last axis (final-normed hidden states)."""
         return ops.reduce_sum(unit(hidden) * unit(item_emb), -1) * self.inv_temperature
 
-    def encode(self, x, meta, past, cand, cand_meta, fused):
+    def engage_matrix(self, user: Tensor, item_emb: Tensor) -> Tensor:
+        """Engage logits [B, I] of final-normed user states [B, d] against items [I, d]."""
+        return ops.matmul(unit(user), ops.transpose(unit(item_emb), (1, 0))) * self.inv_temperature
+
+    def encode(self, x, meta, past, cand, cand_meta, fused, last=None):
         """Run all layers.
 
         x [n, d] new tokens; meta = (pos [n] int32, time hi [n], time lo [n], valid [n] bool).
@@ -100,17 +105,37 @@ class HSTUNet(nn.Cell):
         cand = None or [M, d]; cand_meta = (pos [1], hi [1], lo [1]): all candidates share them.
         fused (a constant) picks the fused CPU kernels and the assembled W1 (inference: see
         HSTUNet.assemble_weights) or the reference ops and per-head weights (training, export).
+        last = None or int32 [1]: the row of the last valid new token, whose final state (the user state) is
+        returned; the last layer computes that one row of the new tokens.
         Pointwise attention has no softmax normaliser, so attention over [past | new] keys is the sum
         of the two parts: cached K/V are used as read, never concatenated.
-        Returns (new K per layer, new V per layer, candidate hidden or None). K and V are head-major
+        Returns (new K per layer, new V per layer, candidate hidden or None, user state [1, d] or None). K and V
+        are head-major
         ([h, n, dqk], [h, n, dv]) from the reference ops; with the attention kernel both are each layer's
         projection output y [n (+ M), W], which KVPool.write_views reads in place (see HSTULayer.rows_at).
         """
         if self.rab.reads_views(fused):
-            return self._encode_rows(x, meta, past, cand, cand_meta)
-        return self._encode_reference(x, meta, past, cand, cand_meta, fused)
+            return self._encode_rows(x, meta, past, cand, cand_meta, last)
+        return self._encode_reference(x, meta, past, cand, cand_meta, fused, last)
 
-    def _encode_rows(self, x, meta, past, cand, cand_meta):
+    def _user_row(self, layer, x, meta, past, new_kv, past_kv, fused, last):
+        """The last layer's output for the user-state row `last` [1] of the new tokens: its own projection
+        (all columns) and attention over the new keys and the past (one fused call for both)."""
+        x_u = ops.gather(x, last, 0)  # [1, d]
+        y_u = layer.project(x_u, assembled=fused)
+        q_meta = tuple(ops.gather(m, last, 0) for m in meta[:3])
+        idx = self.rab.prepare(fused, q_meta, meta)
+        past_idx = None if past is None else self.rab.prepare(fused, q_meta, past[1:])
+        u = layer.part(y_u, "u")
+        if self.rab.reads_views(fused):
+            more = () if past is None else ((past_kv, past_idx),)
+            av = pointwise_attention(self.rab, True, (y_u, layer.view_at("q")), new_kv, idx, u,
+                                     self.attention_scales, self.inv_norm, more)
+        else:
+            av = self._attend(fused, (layer.heads(y_u, "q") * layer.q_scale, None), new_kv, past_kv, (idx, past_idx))
+        return layer.finish(x_u, av, u, fused=fused)
+
+    def _encode_rows(self, x, meta, past, cand, cand_meta, last):
         """`encode` with the attention kernel, which reads Q/K/V in place: the candidates are rows n.. of one
         token matrix, so every layer runs one projection, one kernel call per query block over the new keys
         (the last block also holds the candidates, whose keys are the history and themselves) and one kernel
@@ -135,17 +160,20 @@ class HSTUNet(nn.Cell):
                 past_idx = ops.concat((past_idx, cand_past_idx))  # the candidates share its last row
 
         projections = ()  # what the pool stores (unused, so pruned, when ranking)
-        last = len(self.layers) - 1
+        user = None
+        final = len(self.layers) - 1
         for layer_id, layer in enumerate(self.layers):
             # The last layer's token rows feed only their K and V (to the pool, and to the candidates).
-            y = layer.project(x, assembled=True, kv_only_rows=n if layer_id == last else 0)
+            y = layer.project(x, assembled=True, kv_only_rows=n if layer_id == final else 0)
             projections += (y,)
-            if layer_id == last and cand is None:
-                break  # only the last layer's K/V are needed
             new_kv = (y, layer.view_at("k"), y, layer.view_at("v"))
             past_kv = None if past is None else past[0][layer_id]
+            if layer_id == final and last is not None:
+                user = self._user_row(layer, x, meta, past, new_kv, past_kv, True, last)
+            if layer_id == final and cand is None:
+                break  # only the last layer's K/V (and the user row) are needed
             u = layer.part(y, "u")
-            if layer_id < last:
+            if layer_id < final:
                 if past is not None and len(blocks) == 1:  # one call over [past | new] keys (ranking, short chunks)
                     av = self._attend_rows(layer, y, 0, past_kv, past_idx, u, more=((new_kv, new_idx[0]),))
                 else:
@@ -165,7 +193,7 @@ class HSTUNet(nn.Cell):
                 else:
                     av = self._attend_rows(layer, y, n, past_kv, cand_past_idx, u_c, more=((new_kv, cand_idx),))
                 x = layer.finish(take(x, n, rows), av, u_c, fused=True)
-        return projections, projections, None if cand is None else x
+        return projections, projections, None if cand is None else x, user
 
     def _candidate_rows(self, row, num_cands):
         """Bucket indices of the candidates over [history | candidates] keys: the shared history row [1, n],
@@ -179,7 +207,7 @@ class HSTUNet(nn.Cell):
         return pointwise_attention(self.rab, True, (y, layer.view_at("q", first_row)), kv, idx, like,
                                    self.attention_scales, self.inv_norm, more)
 
-    def _encode_reference(self, x, meta, past, cand, cand_meta, fused):
+    def _encode_reference(self, x, meta, past, cand, cand_meta, fused, last):
         """`encode` with MindSpore ops (fused=True: the two pointwise kernels): head-major Q/K/V, the
         candidates as a separate token matrix with their own self-attention term."""
         blocks = query_blocks(x.shape[0], self.block_len)
@@ -198,7 +226,8 @@ class HSTUNet(nn.Cell):
         self_bias = ops.transpose(self.rab.self_bias(), (1, 0))  # [1, h]
 
         new_keys, new_values = (), ()
-        last = len(self.layers) - 1
+        user = None
+        final = len(self.layers) - 1
         for layer_id, layer in enumerate(self.layers):
             y = layer.project(x, assembled=fused)
             k, v = layer.heads(y, "k"), layer.heads(y, "v")  # what the pool stores (unused ones are pruned)
@@ -212,13 +241,15 @@ class HSTUNet(nn.Cell):
                 av_c = self._attend(fused, (layer.heads(yc, "q") * layer.q_scale, None), new_kv, past_kv, cand_bias)
                 av_c = av_c + layer.self_attention(yc, self_bias, self.inv_norm)
                 cand = layer.finish(cand, av_c, uc)
-            if layer_id < last:  # the last layer's token outputs feed nothing: only its K/V are used
+            if layer_id == final and last is not None:
+                user = self._user_row(layer, x, meta, past, new_kv, past_kv, fused, last)
+            if layer_id < final:  # the last layer's token outputs feed nothing but the user row and K/V
                 q_all = layer.heads(y, "q") * layer.q_scale
                 av = tuple(self._attend(fused, (take(q_all, s, e, 1), None), new_kv, past_kv, block_bias[b])
                            for b, (s, e) in enumerate(blocks))
                 u = layer.part(y, "u")
                 x = layer.finish(x, ops.concat(av) if len(av) > 1 else av[0], u)
-        return new_keys, new_values, cand
+        return new_keys, new_values, cand, user
 
     def _attend(self, fused, query, new_kv, past_kv, bias):
         """Attention of a query block over new keys (causal; the bias says how many) plus, if any, the past."""
@@ -243,12 +274,12 @@ class FullGraph(nn.Cell):
         self.net, self.fused = net, fused
 
     def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid,
-                  cand_ids, cand_pos, cand_hi, cand_lo):
+                  cand_ids, cand_pos, cand_hi, cand_lo, last):
         x = self.net.add_user_token(self.net.embed(item_ids, action_ids, pos), user_feats, user_row)
         cand = self.net.embed_candidates(cand_ids, cand_pos)
-        _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), None, cand, (cand_pos, cand_hi, cand_lo),
-                                       self.fused)
-        return self.net.logits(hidden, cand_ids)
+        _, _, hidden, user = self.net.encode(x, (pos, hi, lo, valid), None, cand, (cand_pos, cand_hi, cand_lo),
+                                             self.fused, last)
+        return self.net.logits(user, hidden, cand_ids)
 
 
 def _read_past(pool: KVPool, direct: bool, kv_ids, time_ids, past_pos, past_valid):
@@ -278,7 +309,7 @@ class PrefixGraph(nn.Cell):
         past = None
         if self.with_past:
             past = _read_past(self.pool, self.direct, past_kv_ids, past_time_ids, past_pos, past_valid)
-        keys, values, _ = self.net.encode(x, (pos, hi, lo, valid), past, None, None, self.fused)
+        keys, values, _, _ = self.net.encode(x, (pos, hi, lo, valid), past, None, None, self.fused)
         if self.direct:  # keys = values = each layer's projection output, copied to the pool in one pass
             done = self.pool.write_views(write_kv_ids, write_time_ids, keys, self.key_rows_at, self.value_rows_at,
                                          hi, lo)
@@ -298,13 +329,13 @@ class CandidateGraph(nn.Cell):
         self.direct = net.rab.reads_views(fused)
 
     def construct(self, item_ids, action_ids, pos, hi, lo, valid, past_kv_ids, past_time_ids, past_pos,
-                  past_valid, cand_ids, cand_pos, cand_hi, cand_lo):
+                  past_valid, cand_ids, cand_pos, cand_hi, cand_lo, last):
         x = self.net.embed(item_ids, action_ids, pos)
         cand = self.net.embed_candidates(cand_ids, cand_pos)
         past = _read_past(self.pool, self.direct, past_kv_ids, past_time_ids, past_pos, past_valid)
-        _, _, hidden = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo),
-                                       self.fused)
-        return self.net.logits(hidden, cand_ids)
+        _, _, hidden, user = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo),
+                                             self.fused, last)
+        return self.net.logits(user, hidden, cand_ids)
 
 
 class SlotReadGraph(nn.Cell):

@@ -109,6 +109,38 @@ class PoolLayout:
 
 
 @dataclass(frozen=True)
+class SlotTokens:
+    """Host mirror of the tokens a slot holds (user token included, oldest first): their timestamps, and
+    the item and action ids a rank needs to recompute the last one (see RelayGRModel.rank_cached)."""
+
+    item_ids: np.ndarray  # int32 [T]
+    action_ids: np.ndarray  # int32 [T]
+    timestamps: np.ndarray  # int64 [T]
+
+    def __len__(self) -> int:
+        return int(self.timestamps.shape[0])
+
+    def head(self, count: int) -> SlotTokens:
+        return SlotTokens(self.item_ids[:count], self.action_ids[:count], self.timestamps[:count])
+
+    def then(self, more: SlotTokens) -> SlotTokens:
+        """These tokens followed by `more`."""
+        return SlotTokens(*(np.concatenate([a, b]) for a, b in zip(
+            (self.item_ids, self.action_ids, self.timestamps), (more.item_ids, more.action_ids, more.timestamps),
+            strict=True)))
+
+    def copy(self) -> SlotTokens:
+        return SlotTokens(self.item_ids.copy(), self.action_ids.copy(), self.timestamps.copy())
+
+    @property
+    def nbytes(self) -> int:
+        return self.item_ids.nbytes + self.action_ids.nbytes + self.timestamps.nbytes
+
+
+EMPTY_TOKENS = SlotTokens(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64))
+
+
+@dataclass(frozen=True)
 class SlotCopy:
     """Host copy of the valid tokens of one slot: what the DRAM tier keeps."""
 
@@ -116,15 +148,19 @@ class SlotCopy:
     values: np.ndarray  # float32 [L, H, T, d_v]
     time_hi: np.ndarray  # float32 [T]
     time_lo: np.ndarray  # float32 [T]
-    timestamps: np.ndarray  # int64 [T], the host mirror of the tokens' timestamps
+    tokens: SlotTokens  # the host mirror of the tokens
+
+    @property
+    def timestamps(self) -> np.ndarray:
+        return self.tokens.timestamps
 
     @property
     def num_tokens(self) -> int:
-        return int(self.timestamps.shape[0])
+        return len(self.tokens)
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.keys, self.values, self.time_hi, self.time_lo, self.timestamps))
+        return sum(a.nbytes for a in (self.keys, self.values, self.time_hi, self.time_lo)) + self.tokens.nbytes
 
 
 class KVPool(nn.Cell):

@@ -30,7 +30,7 @@ from mindspore_relaygr.model.inputs import (
     validate_candidates,
     validate_history,
 )
-from mindspore_relaygr.model.pool import PoolLayout, SlotCopy
+from mindspore_relaygr.model.pool import EMPTY_TOKENS, PoolLayout, SlotCopy, SlotTokens
 from mindspore_relaygr.runtime import configure_context
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class RelayGRModel:
         self._user_offsets = user_offsets(self.cfg) if self.cfg.has_user_token else np.zeros(1, np.int32)
         self._user_tokens = 1 if self.cfg.has_user_token else 0
         self._context_action = self.cfg.num_actions
-        self._slot_times: dict[int, np.ndarray] = {}  # host mirror: timestamps of each slot's tokens
+        self._slot_tokens: dict[int, SlotTokens] = {}  # host mirror of each slot's tokens
         self._tensor = ms.Tensor
         self.call_stats = GraphCallStats()
         self.host_arena: HostArena | None = None  # where export_slot puts its copies (else np.empty)
@@ -107,7 +107,8 @@ class RelayGRModel:
         bucket = bucket_for(num_tokens, self.cfg.len_buckets, "history")
         tokens = self._tokens(hist, 0, bucket)
         cand_args = self._candidate_args(cands, num_tokens, self._last_time(hist.timestamps, None))
-        out = self._call("full", *self._token_args(tokens, hist), *cand_args)[: len(cands)]
+        last = np.array([max(num_tokens - 1, 0)], np.int32)  # the user-state row (no token at all: padding)
+        out = self._call("full", *self._token_args(tokens, hist), *cand_args, last)[: len(cands)]
         return out if logits else _sigmoid(out)
 
     def prefill(self, slot: int, history: HistoryLike, start: int = 0) -> int:
@@ -138,8 +139,9 @@ class RelayGRModel:
             past_bucket = bucket_for(start_tok, self.prefix_buckets, "start")
             past = self._past_args(slot, start_tok, past_bucket)
             self._call("extend", *self._token_args(tokens, hist), *write_ids, *past)
-        cached = self._slot_times.get(slot, np.zeros(0, np.int64))[:start_tok]
-        self._slot_times[slot] = np.concatenate([cached, self._token_times(hist)[start_tok:]])
+        new = SlotTokens(tokens.item_ids[:tokens.num_valid], tokens.action_ids[:tokens.num_valid],
+                         self._token_times(hist)[start_tok:])
+        self._slot_tokens[slot] = self._slot_tokens.get(slot, EMPTY_TOKENS).head(start_tok).then(new)
         return len(hist)
 
     def prefill_steps(self, slot: int, history: HistoryLike, chunk_len: int) -> Iterator[int]:
@@ -162,7 +164,11 @@ class RelayGRModel:
     def rank_cached(self, slot: int, prefix_len: int, suffix_history: HistoryLike,
                     candidate_ids: Any, logits: bool = False) -> np.ndarray:
         """Scores [M, num_tasks] from `slot` (holding `prefix_len` events) + suffix + candidates
-        (probabilities; raw logits with logits=True)."""
+        (probabilities; raw logits with logits=True).
+
+        The engage score needs the final state of the history's last event, which a slot does not keep
+        (only K/V): with an empty suffix that event is recomputed as a one-event suffix over the rest of the
+        slot (the same scores: attention over the past is masked at its length)."""
         self.layout.check_slot(slot)
         held = self.slot_events(slot)
         if not isinstance(prefix_len, (int, np.integer)) or not 0 < prefix_len <= held:
@@ -171,21 +177,27 @@ class RelayGRModel:
         suffix = validate_history(self.cfg, suffix_history, "suffix_history")
         cands = validate_candidates(self.cfg, candidate_ids)
         prefix_tok = prefix_len + self._user_tokens
+        if len(suffix) == 0:
+            mirror = self._slot_tokens[slot]
+            prefix_tok -= 1
+            last_event = slice(prefix_tok, prefix_tok + 1)
+            suffix = History(mirror.item_ids[last_event], mirror.action_ids[last_event],
+                             mirror.timestamps[last_event], suffix.user_features)
         if len(suffix) > self.cfg.max_suffix_len or prefix_tok + len(suffix) > self.cfg.max_seq_len:
             raise InvalidRequest("suffix_history", f"{len(suffix)} events exceed the suffix limit "
                                  f"{min(self.cfg.max_suffix_len, self.cfg.max_seq_len - prefix_tok)}")
         past_bucket = bucket_for(prefix_tok, self.prefix_buckets, "prefix_len")
         suffix_bucket = bucket_for(len(suffix), self.cfg.suffix_buckets, "suffix_history")
         tokens = layout_tokens(self.cfg, suffix, 0, False, prefix_tok, suffix_bucket, self._context_action)
-        last_time = self._last_time(suffix.timestamps, self._slot_times[slot][prefix_tok - 1])
-        cand_args = self._candidate_args(cands, prefix_tok + len(suffix), last_time)
+        cand_args = self._candidate_args(cands, prefix_tok + len(suffix), int(suffix.timestamps[-1]))
+        last = np.array([len(suffix) - 1], np.int32)
         out = self._call("candidate", *self._suffix_args(tokens), *self._past_args(slot, prefix_tok, past_bucket),
-                         *cand_args)[: len(cands)]
+                         *cand_args, last)[: len(cands)]
         return out if logits else _sigmoid(out)
 
     def slot_events(self, slot: int) -> int:
         """Events cached in `slot` by `prefill` (0 if never written)."""
-        held = len(self._slot_times.get(slot, ()))
+        held = len(self._slot_tokens.get(slot, EMPTY_TOKENS))
         return max(0, held - self._user_tokens)
 
     def ensure_host_arena(self, nbytes: int) -> float:
@@ -201,10 +213,10 @@ class RelayGRModel:
     def export_slot(self, slot: int) -> SlotCopy:
         """Copy the valid tokens of `slot` to host memory (the device copy stays)."""
         self.layout.check_slot(slot)
-        times = self._slot_times.get(slot)
-        if times is None or len(times) == 0:
+        mirror = self._slot_tokens.get(slot)
+        if mirror is None or len(mirror) == 0:
             raise ValueError(f"slot {slot} holds nothing to export")
-        count = len(times)
+        count = len(mirror)
         bucket = bucket_for(count, self.prefix_buckets, "slot")
         kv_ids, time_ids = self.layout.read_ids(slot, bucket)
         t0 = time.perf_counter()
@@ -216,7 +228,7 @@ class RelayGRModel:
         values = np.stack([v.asnumpy()[:, :count] for v in values],
                           out=self._host_empty((lay.num_layers, lay.num_heads, count, lay.d_v)))
         self.call_stats.record("read_slot", [kv_ids.shape, time_ids.shape], (time.perf_counter() - t0) * 1e3)
-        return SlotCopy(keys, values, hi.asnumpy()[:count].copy(), lo.asnumpy()[:count].copy(), times.copy())
+        return SlotCopy(keys, values, hi.asnumpy()[:count].copy(), lo.asnumpy()[:count].copy(), mirror.copy())
 
     def import_slot(self, slot: int, copy: SlotCopy) -> None:
         """Write a host copy made by `export_slot` into `slot` (any slot, not only the original)."""
@@ -235,18 +247,18 @@ class RelayGRModel:
         kv_ids, time_ids = lay.write_ids(slot, 0, count, bucket)
         kv_ids = kv_ids.reshape(lay.num_layers, -1)
         hi, lo = np.pad(copy.time_hi, (0, bucket - count)), np.pad(copy.time_lo, (0, bucket - count))
-        self._slot_times.pop(slot, None)  # holds nothing usable until the last layer is written
+        self._slot_tokens.pop(slot, None)  # holds nothing usable until the last layer is written
         for layer in range(lay.num_layers):
             keys = np.pad(copy.keys[layer], pad).reshape(-1, lay.d_qk)
             values = np.pad(copy.values[layer], pad).reshape(-1, lay.d_v)
             self._call("write_slot", kv_ids[layer], time_ids, keys, values, hi, lo)
             if layer < lay.num_layers - 1:
                 yield layer + 1
-        self._slot_times[slot] = copy.timestamps.copy()
+        self._slot_tokens[slot] = copy.tokens.copy()
 
     def release_slot(self, slot: int) -> None:
         """Forget what `slot` holds (its rows are overwritten by the next prefill)."""
-        self._slot_times.pop(slot, None)
+        self._slot_tokens.pop(slot, None)
 
     def warmup(self, graphs: Sequence[str] = GRAPH_KINDS, max_chunk: int | None = None) -> dict[str, Any]:
         """Compile every bucket of the chosen graphs now, so no request pays for a compile.
@@ -278,7 +290,9 @@ class RelayGRModel:
         for tokens in self.prefix_buckets:
             zeros = SlotCopy(np.zeros((lay.num_layers, lay.num_heads, tokens, lay.d_qk), np.float32),
                              np.zeros((lay.num_layers, lay.num_heads, tokens, lay.d_v), np.float32),
-                             np.zeros(tokens, np.float32), np.zeros(tokens, np.float32), np.zeros(tokens, np.int64))
+                             np.zeros(tokens, np.float32), np.zeros(tokens, np.float32),
+                             SlotTokens(np.zeros(tokens, np.int32), np.zeros(tokens, np.int32),
+                                        np.zeros(tokens, np.int64)))
             self.import_slot(0, zeros)
             self.export_slot(0)
         self.release_slot(0)
@@ -396,7 +410,7 @@ class RelayGRModel:
         if kind == "full":
             n, m = shape
             cand = self._candidate_args(np.ones(m, np.int32), 1, 0)
-            self._call("full", *self._token_args(self._tokens(hist, 0, n), hist), *cand)
+            self._call("full", *self._token_args(self._tokens(hist, 0, n), hist), *cand, np.zeros(1, np.int32))
         elif kind == "prefix":
             past, chunk = shape
             write_ids = self.layout.write_ids(0, 0, 0, chunk)  # count 0: scratch rows only
@@ -409,7 +423,8 @@ class RelayGRModel:
             past, suffix, m = shape
             tokens = self._tokens(hist, 0, suffix)
             cand = self._candidate_args(np.ones(m, np.int32), 1, 0)
-            self._call("candidate", *self._suffix_args(tokens), *self._past_args(0, 0, past), *cand)
+            self._call("candidate", *self._suffix_args(tokens), *self._past_args(0, 0, past), *cand,
+                       np.zeros(1, np.int32))
 
 
 def _no_past() -> tuple[np.ndarray, ...]:

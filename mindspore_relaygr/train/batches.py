@@ -6,9 +6,9 @@ serving graphs lay out a history (`train.feeds.prefix_inputs`), followed by `num
 - every history token predicts the item of the next token (`next_ids`, 0 = no target), scored against its
   own `num_negatives` uniform items (sampled softmax, as the HSTU reference), drawn from a pool of
   `negative_pool` uniform items of the row (`neg_ids`; `neg_pick` says which of them each token uses);
-- each candidate group is cut after a random event t - 1 of the window: its first candidate is event t's
-  item (the positive), the others are `num_candidate_negatives` uniform items; the group is trained with a
-  softmax over its candidates, and event t's "high rating" label trains the second task.
+- `num_cuts` candidate tokens (M-FALCON) per row, each cut after a random event t - 1 of the window: the
+  candidate is event t's item and sees only the events before it; event t's "high rating" label trains the
+  second task on it (the engage score is the next-item prediction of the history's last token).
 Rows are grouped by length bucket so a batch pads to its bucket, and every batch has the same number of
 rows (short batches are filled with empty rows that carry no loss).
 """
@@ -37,8 +37,7 @@ class BatchShape:
 
     batch_size: int
     num_negatives: int  # sampled softmax negatives per history token
-    num_cuts: int  # candidate groups per row
-    num_candidate_negatives: int  # negatives per candidate group
+    num_cuts: int  # candidate tokens per row, each at its own cut
     negative_pool: int = 0  # uniform items per row the tokens' negatives are picked from; 0: num_negatives
 
     def __post_init__(self) -> None:
@@ -51,7 +50,8 @@ class BatchShape:
 
     @property
     def group_size(self) -> int:
-        return 1 + self.num_candidate_negatives
+        """Candidates per cut: the positive (the engage score needs no candidate negatives)."""
+        return 1
 
     @property
     def num_candidates(self) -> int:
@@ -122,7 +122,6 @@ def _candidate_groups(cfg: ModelConfig, events: History, shape: BatchShape, num_
     if n >= 2:
         cuts = rng.integers(1, n, size=g)  # history = events [0, t), positive = event t
         out["item_ids"][:, 0] = events.item_ids[cuts]
-        out["item_ids"][:, 1:] = rng.integers(1, num_items + 1, (g, s - 1))
         out["pos"][:] = cuts + user  # the position right after event t - 1, as rank_full places candidates
         out["times"][:] = split_timestamps(events.timestamps[cuts - 1])
         out["group_valid"][:] = 1.0

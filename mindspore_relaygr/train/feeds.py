@@ -39,12 +39,14 @@ def _token_arrays(tokens: TokenBatch) -> Arrays:
             tokens.times[:, 1].copy(), tokens.valid)
 
 
-def prefix_inputs(cfg: ModelConfig, history: History, bucket: int | None = None) -> Arrays:
-    """Inputs of a graph over all events of `history` from position 0 (user token included):
-    (item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid), padded to `bucket`."""
-    num_tokens = len(history) + _user_tokens(cfg)
+def prefix_inputs(cfg: ModelConfig, history: History, bucket: int | None = None, num_events: int | None = None
+                  ) -> Arrays:
+    """Inputs of a graph over the first `num_events` (default all) events of `history` from position 0 (user
+    token included): (item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid), padded to `bucket`."""
+    num_events = len(history) if num_events is None else num_events
+    num_tokens = num_events + _user_tokens(cfg)
     bucket = bucket or bucket_for(num_tokens, cfg.len_buckets, "history")
-    tokens = layout_tokens(cfg, history, 0, cfg.has_user_token, 0, bucket, cfg.num_actions)
+    tokens = layout_tokens(cfg, history, 0, cfg.has_user_token, 0, bucket, cfg.num_actions, num_events)
     items, actions, pos, hi, lo, valid = _token_arrays(tokens)
     return items, actions, _user_feats(cfg, history), tokens.user_row, pos, hi, lo, valid
 
@@ -65,18 +67,21 @@ def last_time(history: History, fallback: int = 0) -> int:
 
 def full_inputs(cfg: ModelConfig, history: History, candidate_ids: np.ndarray, len_bucket: int | None = None,
                 candidate_bucket: int | None = None) -> Arrays:
-    """The 12 inputs of `FullGraph` for `history` and the candidates (as `rank_full` lays them out)."""
+    """The 13 inputs of `FullGraph` for `history` and the candidates (as `rank_full` lays them out)."""
     position = len(history) + _user_tokens(cfg)
     return (*prefix_inputs(cfg, history, len_bucket),
-            *candidate_inputs(cfg, candidate_ids, position, last_time(history), candidate_bucket))
+            *candidate_inputs(cfg, candidate_ids, position, last_time(history), candidate_bucket),
+            np.array([max(position - 1, 0)], np.int32))
 
 
-def suffix_inputs(cfg: ModelConfig, prefix: History, suffix: History, past_bucket: int, suffix_bucket: int | None = None
-                  ) -> tuple[Arrays, Arrays]:
-    """Inputs of the pure candidate graph besides K/V and the candidates, for a prefix of `past_bucket` tokens:
-    ((past_pos, past_hi, past_lo, past_valid), (item_ids, action_ids, pos, hi, lo, valid) of the suffix)."""
-    prefix_tok = len(prefix) + _user_tokens(cfg)
-    past = prefix_inputs(cfg, prefix, past_bucket)
+def suffix_inputs(cfg: ModelConfig, history: History, prefix_len: int, past_bucket: int,
+                  suffix_bucket: int | None = None) -> tuple[Arrays, Arrays]:
+    """Inputs of the pure candidate graph besides K/V and the candidates, for the first `prefix_len` events of
+    `history` cached in `past_bucket` tokens: ((past_pos, past_hi, past_lo, past_valid), (item_ids, action_ids,
+    pos, hi, lo, valid) of the other events)."""
+    prefix_tok = prefix_len + _user_tokens(cfg)
+    suffix = history.slice(prefix_len)
+    past = prefix_inputs(cfg, history, past_bucket, prefix_len)
     past_meta = (np.arange(past_bucket, dtype=np.int32), past[5], past[6], np.arange(past_bucket) < prefix_tok)
     suffix_bucket = suffix_bucket or bucket_for(len(suffix), cfg.suffix_buckets, "suffix_history")
     tokens = layout_tokens(cfg, suffix, 0, False, prefix_tok, suffix_bucket, cfg.num_actions)

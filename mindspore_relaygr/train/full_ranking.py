@@ -73,8 +73,10 @@ def relay_path_logits(model: Any, history: History, chunks: Sequence[np.ndarray]
 
 class BatchedScorer:
     """Engage logits of every item for many histories at once through the batched training forward
-    (dropout off): `batch_size` users per graph call, grouped by length bucket. The same math as
-    `full_path_logits` (tests compare them), far fewer graph calls; used to validate during training."""
+    (dropout off): `batch_size` users per graph call, grouped by length bucket. The engage logit of an item
+    is the cosine of the history's user state (the last token's final state) with the item's embedding over
+    the temperature, as `rank_full` computes it (tests compare them); far fewer graph calls. Used to validate
+    during training."""
 
     def __init__(self, net: Any, cfg: ModelConfig, num_items: int, batch_size: int = 32) -> None:
         from mindspore import nn, ops
@@ -82,7 +84,7 @@ class BatchedScorer:
         from mindspore_relaygr.model.batch_forward import BatchForward
 
         self.cfg, self.batch_size, self.rab = cfg, batch_size, RabIndex(cfg)
-        self.item_ids = np.arange(1, num_items + 1, dtype=np.int32)
+        self.no_candidates = np.zeros(0, np.int32)
         forward = BatchForward(net, 0.0)
 
         class ScoreAll(nn.Cell):
@@ -90,12 +92,12 @@ class BatchedScorer:
                 super().__init__(auto_prefix=False)
                 self.forward, self.net = forward, net
 
-            def construct(self, item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx):
+            def construct(self, item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx, last):
                 hidden = self.forward(item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx)
-                n = hist_idx.shape[1]
-                cand = ops.slice(hidden, (0, n, 0), (hidden.shape[0], hidden.shape[1] - n, hidden.shape[2]))
-                return self.net.engage_logits(cand, ops.gather(self.net.item_table, ops.slice(
-                    item_ids, (0, n), (item_ids.shape[0], item_ids.shape[1] - n)), 0))
+                b, n, d = hidden.shape
+                user = ops.gather(ops.reshape(hidden, (b * n, d)), last, 0)  # [B, d]: rows b * n + last_b
+                items = ops.slice(self.net.item_table, (1, 0), (num_items, d))
+                return self.net.engage_matrix(user, items)  # [B, num_items]
 
         self.cell = ScoreAll()
         self.cell.set_train(False)
@@ -111,10 +113,11 @@ class BatchedScorer:
         for bucket, members in sorted(by_bucket.items()):
             for s in range(0, len(members), self.batch_size):
                 chunk = members[s:s + self.batch_size]
-                rows = [ranking_row(self.cfg, cases[i].history, bucket, self.item_ids, self.rab) for i in chunk]
+                rows = [ranking_row(self.cfg, cases[i].history, bucket, self.no_candidates, self.rab) for i in chunk]
                 rows += [rows[-1]] * (self.batch_size - len(rows))  # a full batch: one graph shape per bucket
                 arrays = [Tensor(np.stack([r[k] for r in rows])) for k in FORWARD_FIELDS]
-                logits = self.cell(*arrays).asnumpy()[: len(chunk)]
+                last = np.array([i * bucket + int(r["valid"].sum()) - 1 for i, r in enumerate(rows)], np.int32)
+                logits = self.cell(*arrays, Tensor(last)).asnumpy()[: len(chunk)]
                 scores = np.concatenate([np.full((len(chunk), 1), -np.inf, np.float32), logits], axis=1)
                 ranks[chunk] = batch_ranks(scores, [cases[i] for i in chunk])
         return ranks

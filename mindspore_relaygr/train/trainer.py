@@ -5,10 +5,11 @@ sequences, padded to a length bucket) in one graph (`model.batch_forward.BatchFo
 - every history token predicts the next item: sampled softmax over the target and its own
   `train.num_negatives` uniform items (picked from `train.negative_pool` uniform items of the row), cosine /
   `model.score_temperature`, accidental hits masked (the reference recipe);
-- `train.num_cuts` candidate groups per row (M-FALCON): each is cut at a random event and holds its item
-  (positive) and `train.num_candidate_negatives` uniform items as candidate tokens; a softmax over the group
-  (weight `train.candidate_loss_weight`) trains the engage score the serving graphs return, and BCE on the
-  positive trains the high-rating head (weight `train.high_rating_weight`).
+- the engage score the serving graphs return is that next-item prediction (cosine of the last token's state
+  with the candidate's embedding), so every position trains it;
+- `train.num_cuts` candidate tokens per row (M-FALCON): each is cut at a random event, holds that event's
+  item and sees only the events before it; BCE on its high-rating label trains the high-rating head (weight
+  `train.high_rating_weight`).
 Dropout `model.dropout`, Adam (betas 0.9 / `train.beta2`; `train.weight_decay` is an L2 term). Every
 `train.eval_every` epochs the ranker is validated with full ranking over all items (history filtered) through
 the batched forward (equal to `rank_full`, tested); the best checkpoint by validation NDCG@10 is kept and
@@ -48,7 +49,6 @@ STATE_NAME = "train_state.json"
 CONFIG_NAME = "config.yaml"
 METRICS_NAME = "train_metrics.json"
 PLOT_NAME = "train_curve.png"
-ACCIDENTAL_HIT = -5.0e4
 SINGLE_PROCESS = Shard()
 
 
@@ -79,17 +79,9 @@ def _loss_cell(net: Any, config: RelayGRConfig, shape: BatchShape) -> Any:
             targets = take(next_ids, 0, n, 1)
             loss = sampled_softmax_loss(take(hidden, 0, n, 1), ops.gather(table, targets, 0),
                                         ops.gather(table, neg_ids, 0), targets, neg_ids, temperature, neg_pick)
-            cand_hidden = ops.reshape(take(hidden, n, t, 1), (b, groups, group_size, d))
-            cand_ids = ops.reshape(take(item_ids, n, t, 1), (b, groups, group_size))
-            logits = self.net.engage_logits(cand_hidden, ops.gather(table, cand_ids, 0))  # [B, G, S]
-            pos_logit = take(logits, 0, 1, 2)
-            hit = take(cand_ids, 1, group_size, 2) == take(cand_ids, 0, 1, 2)
-            neg_logits = ops.select(hit, ops.full_like(take(logits, 1, group_size, 2), ACCIDENTAL_HIT),
-                                    take(logits, 1, group_size, 2))
-            ce = ops.logsumexp(ops.concat((pos_logit, neg_logits), axis=2), 2) - ops.squeeze(pos_logit, 2)
-            count = ops.maximum(ops.reduce_sum(group_valid), 1.0)
-            loss = loss + tc.candidate_loss_weight * ops.reduce_sum(ce * group_valid) / count
-            if self.net.head is not None:
+            if self.net.head is not None:  # the other tasks: a head on the candidate tokens (the positives)
+                cand_hidden = ops.reshape(take(hidden, n, t, 1), (b, groups, group_size, d))
+                count = ops.maximum(ops.reduce_sum(group_valid), 1.0)
                 positives = ops.squeeze(take(cand_hidden, 0, 1, 2), 2)  # [B, G, d]
                 x = take(self.net.head(positives), 0, 1, 2)[..., 0]  # high-rating logit [B, G]
                 bce = ops.relu(x) - x * high_rating + ops.log1p(ops.exp(-ops.abs(x)))
@@ -156,8 +148,7 @@ class Trainer:
         self.config, self.tc, self.shard = config, config.train, shard
         self.is_chief = shard.rank == 0  # the worker that writes files
         self.data = data if data is not None else prepare_data(config)
-        self.shape = BatchShape(self.tc.batch_size, self.tc.num_negatives, self.tc.num_cuts,
-                                self.tc.num_candidate_negatives, self.tc.negative_pool)
+        self.shape = BatchShape(self.tc.batch_size, self.tc.num_negatives, self.tc.num_cuts, self.tc.negative_pool)
         if self.tc.num_negatives > self.data.num_items:
             raise ConfigError(f"train.num_negatives={self.tc.num_negatives}: more than the {self.data.num_items} items")
         self.model = model if model is not None else RelayGRModel(config)

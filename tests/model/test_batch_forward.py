@@ -43,7 +43,7 @@ def test_candidate_groups_match_rank_full(tiny_model):
 
     cfg, model = tiny_model
     rng = np.random.default_rng(0)
-    shape = BatchShape(batch_size=3, num_negatives=4, num_cuts=3, num_candidate_negatives=5)
+    shape = BatchShape(batch_size=3, num_negatives=4, num_cuts=3)
     feats = np.array([1, 3], np.int32)
     events = [_history(rng, 40, cfg.model.num_items, feats), _history(rng, 57, cfg.model.num_items, feats)]
     bucket = history_bucket(cfg.model, 57)
@@ -65,24 +65,27 @@ def test_candidate_groups_match_rank_full(tiny_model):
     assert np.abs(noisy[0] - noisy[2]).max() > 1e-3 and np.abs(noisy[0] - hidden.asnumpy()).max() > 1e-3
     from mindspore import ops
 
-    s = shape.group_size
+    user = 1  # the user token comes first: event i is token i + 1
     for r, ev in enumerate(events):
         for g in range(shape.num_cuts):
-            first = bucket + g * s
-            ids = batch["item_ids"][r, first:first + s]
+            cand = bucket + g  # one candidate token per cut
+            ids = batch["item_ids"][r, cand:cand + 1]
             cut = int(rows[r]["cut_events"][g])
-            got = model.net.engage_logits(hidden[r, first:first + s], ops.gather(model.net.item_table,
-                                                                                  Tensor(ids), 0)).asnumpy()
-            want = model.rank_full(ev.slice(0, cut), ids, logits=True)[:, 0]
-            assert ids[0] == ev.item_ids[cut]  # the positive is the event right after the cut
-            np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
+            want = model.rank_full(ev.slice(0, cut), ids, logits=True)[0]
+            assert ids[0] == ev.item_ids[cut]  # the candidate is the event right after the cut
+            # engage: the state of the history's last token (event cut - 1) against the candidate's embedding
+            state = hidden[r, cut - 1 + user:cut + user]
+            engage = model.net.engage_logits(state, ops.gather(model.net.item_table, Tensor(ids), 0)).asnumpy()
+            # high rating: the head on the candidate token's own state
+            high = model.net.head(hidden[r, cand:cand + 1]).asnumpy()[0]
+            np.testing.assert_allclose([engage[0], high[0]], want, atol=2e-4, rtol=1e-4)
 
 
 def test_next_item_targets_follow_the_tokens(tiny_model):
     cfg, _ = tiny_model
     rng = np.random.default_rng(1)
     ev = _history(rng, 10, cfg.model.num_items, np.array([1, 3], np.int32))
-    shape = BatchShape(batch_size=1, num_negatives=4, num_cuts=1, num_candidate_negatives=2)
+    shape = BatchShape(batch_size=1, num_negatives=4, num_cuts=1)
     row = build_row(cfg.model, ev, 32, shape, cfg.model.num_items, rng, RabIndex(cfg.model))
     # token 0 is the user token: it predicts event 0; event i (token i + 1) predicts event i + 1; the last none
     np.testing.assert_array_equal(row["next_ids"][:10], ev.item_ids)

@@ -151,3 +151,48 @@ def test_padding_to_other_buckets_and_checkpoint_round_trip(tiny_model, tiny_con
     other.prefill(0, pre)
     np.testing.assert_allclose(other.rank_cached(0, 17, suf, cands), tiny_model.rank_full(hist, cands),
                                rtol=0, atol=TOL)
+
+
+def test_user_state_of_a_slot_survives_a_host_round_trip(tiny_model):
+    """A rank that adds no event to the cached prefix recomputes the prefix's last event from the slot's host
+    mirror (K/V alone do not give its final state); the mirror travels with the DRAM copy."""
+    rng = np.random.default_rng(11)
+    hist = random_history(rng, 50, user_features=USER)
+    cands = _cands(rng, 9)
+    tiny_model.prefill(0, hist)
+    copy = tiny_model.export_slot(0)
+    tiny_model.release_slot(0)
+    tiny_model.import_slot(2, copy)
+    nothing = {key: v[:0] for key, v in hist.items() if key != "user_features"}
+    np.testing.assert_allclose(tiny_model.rank_cached(2, 50, nothing, cands), tiny_model.rank_full(hist, cands),
+                               rtol=0, atol=TOL)
+    # The first 40 cached events alone, with and without the rest as the suffix.
+    pre, suf = split_history(hist, 40)
+    np.testing.assert_allclose(tiny_model.rank_cached(2, 40, nothing, cands), tiny_model.rank_full(pre, cands),
+                               rtol=0, atol=TOL)
+    np.testing.assert_allclose(tiny_model.rank_cached(2, 40, suf, cands), tiny_model.rank_full(hist, cands),
+                               rtol=0, atol=TOL)
+
+
+def test_engage_is_the_user_state_against_the_item(tiny_model):
+    """The engage logit of a candidate is cos(user state, item embedding) / temperature: the same for a
+    candidate whatever else is ranked, and the high-rating logit depends on the candidate token."""
+    rng = np.random.default_rng(12)
+    hist = random_history(rng, 20, user_features=USER)
+    a = tiny_model.rank_full(hist, np.array([5, 6]), logits=True)
+    b = tiny_model.rank_full(hist, np.array([5, 7]), logits=True)
+    assert a[0, 0] == pytest.approx(b[0, 0], abs=TOL)
+    from mindspore import Tensor
+
+    net = tiny_model.net
+    table = net.item_table.asnumpy()
+    # Two items with the same embedding direction get the same engage logit.
+    scaled = table.copy()
+    scaled[8] = 3.0 * scaled[5]
+    net.item_table.set_data(Tensor(scaled))
+    try:
+        both = tiny_model.rank_full(hist, np.array([5, 8]), logits=True)
+    finally:
+        net.item_table.set_data(Tensor(table))
+    assert both[0, 0] == pytest.approx(both[1, 0], abs=TOL)
+    assert abs(both[0, 1] - both[1, 1]) > 1e-6  # the candidate tokens differ: their heads do

@@ -38,7 +38,7 @@ def synthetic_overrides(data_path: Path, output_dir: Path) -> list[str]:
     return [f"model.num_items={NUM_ITEMS}", "model.num_actions=5", "model.user_feature_sizes=[]",
             f"data.path={data_path}", "data.num_eval_negatives=20",
             "train.batch_size=8", "train.num_negatives=8",
-            "train.negative_pool=16", "train.num_cuts=2", "train.num_candidate_negatives=7",
+            "train.negative_pool=16", "train.num_cuts=2",
             "train.epochs=24", "train.log_every=1000", "train.lr=0.005", "train.patience=10",
             "train.eval_every=12", f"train.output_dir={output_dir}", "train.sasrec_epochs=60",
             "train.sasrec_max_len=32", "train.sasrec_batch_size=16", "train.sasrec_d_model=16",

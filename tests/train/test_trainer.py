@@ -23,7 +23,7 @@ def _seq(n: int) -> History:
                    np.arange(n, dtype=np.int64) * 100)
 
 
-SHAPE = BatchShape(batch_size=4, num_negatives=6, num_cuts=3, num_candidate_negatives=5, negative_pool=10)
+SHAPE = BatchShape(batch_size=4, num_negatives=6, num_cuts=3, negative_pool=10)
 
 
 def test_an_epoch_visits_every_trainable_user_once_in_full_batches():
@@ -49,7 +49,7 @@ def test_an_epoch_visits_every_trainable_user_once_in_full_batches():
 
 def test_negative_pool_must_hold_the_negatives():
     with pytest.raises(ValueError, match="pool 4 is smaller than 6"):
-        BatchShape(batch_size=4, num_negatives=6, num_cuts=1, num_candidate_negatives=1, negative_pool=4)
+        BatchShape(batch_size=4, num_negatives=6, num_cuts=1, negative_pool=4)
     with pytest.raises(ConfigError, match="train.negative_pool=4: must be >= train.num_negatives=6"):
         load_config(CONFIGS / "tiny.yaml", ["train.num_negatives=6", "train.negative_pool=4"])
 
@@ -139,7 +139,7 @@ def test_batched_loss_is_the_mean_of_per_sequence_losses(synthetic_config):
     from mindspore_relaygr.train.trainer import _loss_cell
 
     cfg = synthetic_config
-    shape = BatchShape(batch_size=2, num_negatives=6, num_cuts=2, num_candidate_negatives=3)
+    shape = BatchShape(batch_size=2, num_negatives=6, num_cuts=2)
     loss = _loss_cell(RelayGRModel(cfg).net, cfg, shape)
     loss.set_train(False)
     rng = np.random.default_rng(5)
