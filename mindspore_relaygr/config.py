@@ -45,6 +45,7 @@ class ModelConfig:
     # N_norm of the pointwise attention and the longest behaviour sequence (user token included).
     # A constant, never the request length, so a cached prefix does not depend on what follows.
     max_seq_len: int = 256
+    qk_scale: float | None = None  # multiplier of Q K^T in the attention; null: 1 / sqrt(d_qk) (the HSTU reference: 1)
     num_pos_buckets: int = 32
     num_time_buckets: int = 32
     time_bucket_scale: float = 2.0  # bucket = floor(log1p(|dt seconds|) * scale)
@@ -69,6 +70,8 @@ class ModelConfig:
             _require(getattr(self, key) >= 2, f"model.{key}", getattr(self, key), "must be >= 2")
         _require(self.time_bucket_scale > 0, "model.time_bucket_scale", self.time_bucket_scale,
                  "must be > 0")
+        if self.qk_scale is not None:
+            _require(self.qk_scale > 0, "model.qk_scale", self.qk_scale, "must be > 0")
         _require(len(self.task_names) >= 1, "model.task_names", self.task_names, "need a task")
         if self.task_weights is not None:
             _require(len(self.task_weights) == len(self.task_names), "model.task_weights",
@@ -300,6 +303,10 @@ class TrainConfig:
     negative_pool: int = 512  # uniform items per sequence that its positions' negatives are picked from
     num_cuts: int = 2  # candidate tokens per sequence, each cut at a random event (M-FALCON)
     high_rating_weight: float = 1.0  # weight of the high_rating BCE (on the candidate tokens)
+    # true: the validation event trains too (the generative-recommenders protocol: every event but the test
+    # target), for exactly `epochs` epochs with no validation (pick them on a run with false); the popularity
+    # and SASRec baselines of `relaygr eval` / `relaygr baseline` then train on the same events the same way
+    train_on_valid: bool = False
     max_history_len: int | None = None  # null: model.max_seq_len minus the user token
     init: str = "xavier"  # xavier: re-initialize at the HSTU reference scales | model: keep HSTUNet's init
     rab_init: float = 0.0  # xavier init: mean of the relative-bias table (1.0: layers start as a causal mean)

@@ -163,7 +163,7 @@ class HSTULayer(nn.Cell):
         self.norm_eps = Tensor(np.array([self.norm.epsilon], np.float32))
         self.project_op = self.project_columns_op = self.finish_op = None  # fused dense kernels (enable_fused)
         self.out = nn.Dense(h * cfg.d_v, d, weight_init=Normal(0.02))
-        self.q_scale = 1.0 / math.sqrt(cfg.d_qk)
+        self.q_scale = 1.0 / math.sqrt(cfg.d_qk) if cfg.qk_scale is None else float(cfg.qk_scale)
         hv, hq = h * cfg.d_v, h * cfg.d_qk
         # y gets PAD_COLUMNS zero columns: a row stride of 2^k floats (4 KiB) would map every row of a
         # strided K/V tile to the same cache sets and slow the fused kernel down.

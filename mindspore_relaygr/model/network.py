@@ -110,9 +110,9 @@ class HSTUNet(nn.Cell):
         Pointwise attention has no softmax normaliser, so attention over [past | new] keys is the sum
         of the two parts: cached K/V are used as read, never concatenated.
         Returns (new K per layer, new V per layer, candidate hidden or None, user state [1, d] or None). K and V
-        are head-major
-        ([h, n, dqk], [h, n, dv]) from the reference ops; with the attention kernel both are each layer's
-        projection output y [n (+ M), W], which KVPool.write_views reads in place (see HSTULayer.rows_at).
+        are head-major ([h, n, dqk], [h, n, dv]) from the reference ops; with the attention kernel both are each
+        layer's projection output y [n (+ M), W], which KVPool.write_views reads in place (see
+        HSTULayer.rows_at).
         """
         if self.rab.reads_views(fused):
             return self._encode_rows(x, meta, past, cand, cand_meta, last)
@@ -133,7 +133,7 @@ class HSTUNet(nn.Cell):
                                      self.attention_scales, self.inv_norm, more)
         else:
             av = self._attend(fused, (layer.heads(y_u, "q") * layer.q_scale, None), new_kv, past_kv, (idx, past_idx))
-        return layer.finish(x_u, av, u, fused=fused)
+        return layer.finish(x_u, av, u, fused=self.rab.reads_views(fused))  # as the other rows of its path
 
     def _encode_rows(self, x, meta, past, cand, cand_meta, last):
         """`encode` with the attention kernel, which reads Q/K/V in place: the candidates are rows n.. of one

@@ -38,8 +38,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     result = train(cfg, progress=say, resume=args.resume, distributed=args.distributed)
     best = result.best
-    print(f"best checkpoint: {result.checkpoint} (epoch {best['epoch']}, valid HR@10 {best['valid_hr@10']:.4f}, "
-          f"NDCG@10 {best['valid_ndcg@10']:.4f}, all items)")
+    if "valid_hr@10" in best:
+        print(f"best checkpoint: {result.checkpoint} (epoch {best['epoch']}, valid HR@10 {best['valid_hr@10']:.4f}, "
+              f"NDCG@10 {best['valid_ndcg@10']:.4f}, all items)")
+    else:  # train.train_on_valid: no validation
+        print(f"checkpoint: {result.checkpoint} (epoch {best['epoch']}; the validation events trained)")
     print(f"wrote {result.output_dir / CONFIG_NAME} and {result.output_dir / METRICS_NAME}; "
           f"{result.steps} steps, {result.tokens_per_s:,.0f} tokens/s, wall time {time.perf_counter() - t0:.0f} s")
     return 0
@@ -76,9 +79,9 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     sasrec.save(out / SASREC_CHECKPOINT)
     write_report(sasrec, finished=True)
     report = json.loads((out / "sasrec_metrics.json").read_text())
-    best = sasrec.best or {"epoch": len(sasrec.losses), "hr@10": float("nan"), "ndcg@10": float("nan")}
-    print(f"SASRec checkpoint: {out / SASREC_CHECKPOINT} (epoch {best['epoch']}, valid HR@10 {best['hr@10']:.4f}, "
-          f"NDCG@10 {best['ndcg@10']:.4f}); use it with relaygr eval --sasrec-checkpoint; "
+    chosen = (f"epoch {sasrec.best['epoch']}, valid HR@10 {sasrec.best['hr@10']:.4f}, NDCG@10 "
+              f"{sasrec.best['ndcg@10']:.4f}" if sasrec.best else f"epoch {len(sasrec.losses)}, no validation")
+    print(f"SASRec checkpoint: {out / SASREC_CHECKPOINT} ({chosen}); use it with relaygr eval --sasrec-checkpoint; "
           f"wall time {report['train_seconds']:.0f} s")
     return 0
 
@@ -87,6 +90,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from mindspore_relaygr.train.evaluate import format_table, run_evaluation, write_report
 
     cfg = _checkpoint_config(args)
+    if args.split == "valid" and cfg.train.train_on_valid:
+        print("--split valid: this model trained on the validation events (train.train_on_valid); evaluate "
+              "--split test", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     baselines = () if args.no_baselines else tuple(args.baselines)
     if args.sasrec_checkpoint and "sasrec" not in baselines:

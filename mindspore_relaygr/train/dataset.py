@@ -17,6 +17,7 @@ from mindspore_relaygr.data.movielens import Interactions, load_movielens
 from mindspore_relaygr.data.sequences import (
     NUM_ACTIONS,
     EvalExample,
+    History,
     Split,
     build_eval_set,
     build_sequences,
@@ -42,6 +43,14 @@ class PreparedData:
     @property
     def num_items(self) -> int:
         return self.interactions.num_items
+
+    def training_sequences(self, include_valid: bool = False) -> dict[int, History]:
+        """What trains: the training split, or with `include_valid` every event but the test target (the
+        generative-recommenders protocol)."""
+        if not include_valid:
+            return self.split.train
+        return {uid: self.split.test[uid].history if uid in self.split.test else seq
+                for uid, seq in self.split.train.items()}
 
     def eval_set(self, which: str, max_users: int | None = None) -> list[EvalExample]:
         """The `which` ("valid" | "test") examples, ascending user id; the first `max_users` when given.

@@ -117,7 +117,7 @@ def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "
     timed(relay_name, lambda: score_all_items(lambda h: relay_path_logits(model, h, chunks, suffix_len), examples,
                                               say))
     if "popularity" in baselines:
-        popularity = PopularityModel().fit(data.split.train)
+        popularity = PopularityModel().fit(data.training_sequences(config.train.train_on_valid))
         everything = np.arange(data.num_items + 1)
         timed("popularity", lambda: np.stack([popularity.score(everything) for _ in examples]))
     if "sasrec" in baselines:
@@ -155,13 +155,16 @@ def path_agreement(full: np.ndarray, relay: np.ndarray, examples: Sequence[EvalE
 def train_sasrec(config: RelayGRConfig, data: PreparedData, say: Progress,
                  after_validation: Callable[[Any, bool], None] | None = None) -> Any:
     """SASRec trained on the training split, its epoch chosen on validation NDCG@10 (all items, the same
-    `train.max_eval_users` users as our ranker), stopped early with `train.patience` as our ranker."""
+    `train.max_eval_users` users as our ranker), stopped early with `train.patience` as our ranker; with
+    `train.train_on_valid`, on the same events as our ranker for `train.sasrec_epochs` epochs, unvalidated."""
     from mindspore_relaygr.runtime import configure_context
     from mindspore_relaygr.train.baselines import SASRecTrainer
 
     configure_context(config.context)  # graph mode: without it MindSpore runs the step op by op (PyNative)
     sasrec = SASRecTrainer(config.train, data.num_items, seed=config.train.seed, progress=say,
                            temperature=config.model.score_temperature)
+    if config.train.train_on_valid:
+        return sasrec.fit(data.training_sequences(include_valid=True))
     valid = cases_of(data.eval_set("valid", config.train.max_eval_users))
     return sasrec.fit(data.split.train, valid=valid, eval_every=config.train.eval_every,
                       patience=config.train.patience, after_validation=after_validation)

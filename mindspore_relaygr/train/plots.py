@@ -21,9 +21,13 @@ def plot_training(report: dict[str, Any], path: str | Path) -> None:
     epochs = [e["epoch"] for e in evals]
     for key, style in (("valid_hr@10", "o-"), ("valid_ndcg@10", "s-")):
         bx.plot(epochs, [e[key] for e in evals], style, markersize=3, label=key.removeprefix("valid_"))
-    users = evals[0]["valid_users"] if evals else 0
-    bx.set(xlabel="epoch", ylabel="metric", title=f"validation, all items ranked ({users} users)")
-    bx.legend()
+    if evals:
+        bx.set(xlabel="epoch", ylabel="metric", title=f"validation, all items ranked ({evals[0]['valid_users']} users)")
+        bx.legend()
+    else:
+        bx.set_axis_off()
+        bx.text(0.5, 0.5, "no validation: the validation events trained (train.train_on_valid)",
+                ha="center", va="center", transform=bx.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -161,7 +161,8 @@ class Trainer:
         self.step_cell = nn.TrainOneStepCell(self.loss_cell, self.optimizer)
         self.step_cell.set_train(True)
         self.rng = np.random.default_rng(self.tc.seed)
-        self.windows = {u: cap_history(s, self.data.max_history_len) for u, s in self.data.split.train.items()}
+        train_seqs = self.data.training_sequences(self.tc.train_on_valid)
+        self.windows = {u: cap_history(s, self.data.max_history_len) for u, s in train_seqs.items()}
         self.valid_cases = ranking_cases(self.data.split.valid, self.data.max_history_len, self.tc.max_eval_users)
         self.scorer = BatchedScorer(self.model.net, config.model, self.data.num_items)
 
@@ -214,7 +215,9 @@ class Trainer:
             tokens += epoch_tokens
             result.epoch_losses.append(loss)
             stop = False
-            if epoch % self.tc.eval_every == 0 or epoch == self.tc.epochs:
+            if self.tc.train_on_valid:  # the validation targets trained: no model selection, the last epoch
+                self._keep_last(result, epoch, loss)
+            elif epoch % self.tc.eval_every == 0 or epoch == self.tc.epochs:
                 stop = self._validate(result, epoch, loss)
             result.seconds = time.perf_counter() - t0
             result.tokens_per_s = tokens / max(train_seconds, 1e-9)
@@ -266,6 +269,12 @@ class Trainer:
                       f"{entry['eval_seconds']:.1f} s)" + (" -> saved best checkpoint" if best else ""))
         since_best = sum(1 for e in result.evals if e["epoch"] > result.best["epoch"])
         return since_best >= self.tc.patience
+
+    def _keep_last(self, result: TrainResult, epoch: int, train_loss: float) -> None:
+        """train.train_on_valid: this epoch's weights are the checkpoint (no validation to choose by)."""
+        result.best = {"epoch": epoch, "step": result.steps, "train_loss": train_loss}
+        if self.is_chief:
+            self.model.save_checkpoint(result.checkpoint)
 
     def _save_state(self, result: TrainResult, epoch: int) -> None:
         import mindspore as ms

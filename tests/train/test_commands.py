@@ -93,3 +93,12 @@ def test_sasrec_checkpoint_of_another_shape_is_refused(tmp_path, tiny_config_pat
     wider = load_config(overrides=[*small, "train.sasrec_d_model=16"]).train
     with pytest.raises(ValueError, match="has shape"):
         SASRecTrainer(wider, 30).load(tmp_path / "s.ckpt")
+
+
+def test_eval_refuses_the_validation_split_of_a_model_that_trained_on_it(tmp_path, capsys):
+    from mindspore_relaygr import load_config
+    from mindspore_relaygr.config import save_config
+
+    save_config(load_config(CONFIGS / "tiny.yaml", ["train.train_on_valid=true"]), tmp_path / "config.yaml")
+    assert _run(["eval", "--checkpoint", str(tmp_path / "best.ckpt"), "--split", "valid"]) == 2
+    assert "train.train_on_valid" in capsys.readouterr().err

@@ -176,3 +176,30 @@ def test_init_sets_the_relative_bias_mean(rab_mean):
     table = net.rab.table.asnumpy()
     assert abs(table.mean() - rab_mean) < 0.01 and 0.01 < table.std() < 0.03
     assert abs(net.item_table.asnumpy().std() - 0.02 * np.sqrt(cfg.model.d_model)) < 0.01
+
+
+def test_training_sequences_with_the_validation_event(synthetic_config):
+    """train.train_on_valid trains on every event but the test target (the generative-recommenders protocol)."""
+    data = prepare_data(synthetic_config)
+    with_valid = data.training_sequences(include_valid=True)
+    assert data.training_sequences() is data.split.train
+    assert set(with_valid) == set(data.split.train)
+    for uid, seq in with_valid.items():
+        if uid in data.split.test:
+            assert len(seq) == len(data.split.train[uid]) + 1
+            assert seq.item_ids[-1] == data.split.valid[uid].item_id
+            np.testing.assert_array_equal(seq.item_ids, data.split.test[uid].history.item_ids)
+        else:
+            assert seq is data.split.train[uid]
+
+
+@pytest.mark.slow
+def test_train_on_valid_runs_its_epochs_without_validation(synthetic_config, tmp_path):
+    from mindspore_relaygr.train.trainer import train
+
+    result = train(_cfg(synthetic_config, tmp_path, "train.epochs=3", "train.train_on_valid=true"))
+    assert result.evals == [] and len(result.epoch_losses) == 3
+    assert result.best["epoch"] == 3 and result.checkpoint.is_file()
+    report = json.loads((tmp_path / "train_metrics.json").read_text())
+    assert report["best"]["epoch"] == 3 and report["evals"] == []
+    assert (tmp_path / "train_curve.png").is_file()
