@@ -292,7 +292,7 @@ TRAIN_INITS = ("xavier", "model")
 
 @dataclass
 class TrainConfig:
-    """Training of the ranker (batched windows, sampled softmax + candidate groups) and of the SASRec baseline."""
+    """Training of the ranker (batched windows, sampled softmax + candidate tokens) and of the SASRec baseline."""
 
     epochs: int = 10  # at most; early stopping may end sooner
     batch_size: int = 128  # users per step

@@ -1,7 +1,7 @@
 """Training batches for `model.batch_forward.BatchForward` (numpy only).
 
 A row is one user's training window (the most recent events of their training sequence) laid out as the
-serving graphs lay out a history (`train.feeds.prefix_inputs`), followed by `num_cuts` candidate groups
+serving graphs lay out a history (`train.feeds.prefix_inputs`), followed by `num_cuts` candidate tokens
 (M-FALCON). Two kinds of supervision:
 - every history token predicts the item of the next token (`next_ids`, 0 = no target), scored against its
   own `num_negatives` uniform items (sampled softmax, as the HSTU reference), drawn from a pool of
@@ -85,7 +85,7 @@ def empty_row(cfg: ModelConfig, bucket: int, shape: BatchShape) -> dict[str, np.
 
 def build_row(cfg: ModelConfig, events: History, bucket: int, shape: BatchShape, num_items: int,
               rng: np.random.Generator, rab: RabIndex) -> dict[str, np.ndarray]:
-    """One row: the window's tokens, their bias indices, next-item targets, negatives and candidate groups."""
+    """One row: the window's tokens, their bias indices, next-item targets, negatives and candidate tokens."""
     items, actions, feats, user_row, pos, hi, lo, valid = prefix_inputs(cfg, events, bucket)
     n_tok = int(valid.sum())
     times = np.stack([hi, lo], axis=-1)

@@ -74,7 +74,7 @@ def _loss_cell(net: Any, config: RelayGRConfig, shape: BatchShape) -> Any:
                       neg_ids, neg_pick, group_valid, high_rating, *noise):
             hidden = self.forward(item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx, *noise)
             b, t, d = hidden.shape
-            n = t - groups * group_size  # history tokens; the candidate groups follow
+            n = t - groups * group_size  # history tokens; the candidate tokens follow
             table = self.net.item_table
             targets = take(next_ids, 0, n, 1)
             loss = sampled_softmax_loss(take(hidden, 0, n, 1), ops.gather(table, targets, 0),
