@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
@@ -211,16 +211,7 @@ class RelayEngine:
         is only there) by the events since, in chunks, in its own slot; ranks run between chunks."""
         self.ledger.start(relay.key)
         if self.cache.manager.peek(found) is None:
-            steps = self.cache.promote_steps(found)
-            while True:
-                try:
-                    done = next(steps)
-                except StopIteration as stop:
-                    promoted = stop.value
-                    break
-                if done is not SPILLED:
-                    self.ledger.step_done(relay.key)
-                yield done
+            promoted = yield from self._promotion(relay, found)
             if not promoted:
                 self.ledger.drop(relay.key, "no_slot")
                 self.work.prefill_no_slot += 1
@@ -259,20 +250,24 @@ class RelayEngine:
                                                             num_events - found.prefix_len,
                                                             self.config.trigger.prefill_chunk_len)
 
-    def _promote_steps(self, relay: Relay) -> Iterator[Any]:
-        """Device thread: bring the user's DRAM copy back to a slot before their rank arrives, one
-        layer per step (a long prefix's copy would otherwise block ranks for longer than a chunk)."""
-        self.ledger.start(relay.key)
-        steps = self.cache.promote_steps(relay.key)
+    def _promotion(self, relay: Relay, key: CacheKey) -> Generator[Any, None, bool]:
+        """Device thread: copy `key` back from DRAM one layer per step (each a step done of `relay`; a spill
+        that makes room is not); returns whether it got a slot."""
+        steps = self.cache.promote_steps(key)
         while True:
             try:
                 done = next(steps)
             except StopIteration as stop:
-                promoted = stop.value
-                break
+                return bool(stop.value)
             if done is not SPILLED:
                 self.ledger.step_done(relay.key)
             yield done
+
+    def _promote_steps(self, relay: Relay) -> Iterator[Any]:
+        """Device thread: bring the user's DRAM copy back to a slot before their rank arrives, one
+        layer per step (a long prefix's copy would otherwise block ranks for longer than a chunk)."""
+        self.ledger.start(relay.key)
+        promoted = yield from self._promotion(relay, relay.key)
         if promoted:
             self.ledger.ready(relay.key)
             self.work.dram_prefetches += 1
