@@ -55,36 +55,34 @@ def test_every_stats_metric_resolves_on_the_engines_stats():
         engine.close()
 
 
-def test_per_tier_metrics_with_the_fake_model_engine():
-    from tests.relay.fake_model import FakeModel
-
+def _per_tier_metrics_of(make_model) -> RelayEngine:
+    """Drive an engine over `make_model(cfg)` through the app and check every per-tier metric line; returns
+    the engine (closed)."""
     cfg = load_config(CONFIGS / "tiny.yaml", [*BASE, "expander.enable_prefetch=false"])
-    engine = RelayEngine(cfg, FakeModel(cfg), latency())
+    engine = RelayEngine(cfg, make_model(cfg), latency())
     try:
         client = create_app(cfg, engine=engine).test_client()
         drive(client, engine)
         text = client.get("/metrics").get_data(as_text=True)
         for line in expected_lines():
             assert line in text, line
+        return engine
     finally:
         engine.close()
+
+
+def test_per_tier_metrics_with_the_fake_model_engine():
+    from tests.relay.fake_model import FakeModel
+
+    _per_tier_metrics_of(FakeModel)
 
 
 @pytest.mark.slow
 def test_per_tier_metrics_with_the_real_tiny_model():
     from mindspore_relaygr.model import RelayGRModel
 
-    cfg = load_config(CONFIGS / "tiny.yaml", [*BASE, "expander.enable_prefetch=false"])
-    engine = RelayEngine(cfg, RelayGRModel(cfg), latency())
-    try:
-        client = create_app(cfg, engine=engine).test_client()
-        drive(client, engine)
-        text = client.get("/metrics").get_data(as_text=True)
-        for line in expected_lines():
-            assert line in text, line
-        assert np.isfinite(engine.stats().copy_bytes_per_s)
-    finally:
-        engine.close()
+    engine = _per_tier_metrics_of(RelayGRModel)
+    assert np.isfinite(engine.stats().copy_bytes_per_s)
 
 
 def test_audit_metrics_and_histogram_with_the_fake_model_engine():
