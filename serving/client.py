@@ -5,8 +5,9 @@
     client.preinfer("u1", prefix_history, num_candidates=101)
     result = client.rank("u1", history, candidate_ids, top_k=10)
 
-Every call sends the user id in the body and in the affinity header, so a load balancer hashing on
-the header routes the pre-infer and the rank of one user to the same instance.
+Every call sends the user id in the body and in the affinity header (percent-encoded UTF-8, see
+`serving.headers.encode_affinity`; any Unicode id works), so a load balancer hashing on the header
+routes the pre-infer and the rank of one user to the same instance.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class RelayGRClient:
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None, user_id: str | None = None,
               ok: Sequence[int] = (200, 202)) -> Timed:
         url = self.base_url + path
-        hdrs = {headers.AFFINITY: user_id} if user_id else {}
+        hdrs = {headers.AFFINITY: headers.encode_affinity(user_id)} if user_id else {}
         t0 = time.perf_counter()
         resp = self.session.request(method, url, json=body, headers=hdrs, timeout=self.timeout_s)
         client_ms = (time.perf_counter() - t0) * 1e3

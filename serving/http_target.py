@@ -86,7 +86,7 @@ class HTTPTarget:
         return str(body["cache"]), bool(body["truncated"]), resp.status_code
 
     def _post(self, path: str, kind: str, req: Request) -> requests.Response:
-        hdrs = {**JSON_CONTENT, headers.AFFINITY: user_id(req.user)}
+        hdrs = {**JSON_CONTENT, headers.AFFINITY: headers.encode_affinity(user_id(req.user))}
         resp = self._session().post(self.base_url + path, data=self._body(kind, req), headers=hdrs,
                                     timeout=self.timeout_s)
         instance = resp.headers.get(headers.INSTANCE, "")

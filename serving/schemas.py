@@ -8,6 +8,7 @@ floats, not booleans); NaN/Infinity literals are rejected while parsing.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,9 @@ from mindspore_relaygr.errors import InvalidRequest
 from mindspore_relaygr.model.inputs import HISTORY_FIELDS, MAX_ABS_TIMESTAMP
 from serving import headers
 
-MAX_USER_ID_LEN = 256
+MAX_USER_ID_LEN = 256  # characters (code points), not bytes
+# C0/C1 controls and DEL (category Cc), and lone surrogates, which have no UTF-8 form for the header.
+_FORBIDDEN_IN_USER_ID = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 MAX_SHOWN_NAME = 64  # unknown field names are echoed back at most this long
 
 
@@ -124,25 +127,32 @@ def _optional_int(body: dict[str, Any], name: str, low: int, high: int | None) -
     return value
 
 
+def _check_user_id(user_id: str, field: str) -> None:
+    """1..MAX_USER_ID_LEN characters (code points, not bytes) with no control character or lone surrogate."""
+    if not 1 <= len(user_id) <= MAX_USER_ID_LEN or _FORBIDDEN_IN_USER_ID.search(user_id):
+        raise InvalidRequest(field, f"must be 1..{MAX_USER_ID_LEN} characters without control characters")
+
+
 def parse_user_id(body: dict[str, Any], affinity: str | None) -> str:
-    """The body's user_id, else the affinity header; when both are given they must agree."""
-    if affinity is not None and affinity != "":
-        if len(affinity) > MAX_USER_ID_LEN or not affinity.isprintable():
-            raise InvalidRequest(headers.AFFINITY, f"must be 1..{MAX_USER_ID_LEN} printable characters")
-    else:
-        affinity = None
+    """The body's user_id, else the (decoded) affinity header; when both are given they must agree."""
+    header_id = None
+    if affinity:  # absent or empty: no header
+        try:
+            header_id = headers.decode_affinity(affinity)
+        except ValueError as exc:
+            raise InvalidRequest(headers.AFFINITY, f"is not percent-encoded UTF-8: {exc}") from None
+        _check_user_id(header_id, headers.AFFINITY)
     user_id = body.get("user_id")
     if user_id is None:
-        if affinity is None:
+        if header_id is None:
             raise InvalidRequest("user_id", f"is missing (send it in the body or the {headers.AFFINITY} header)")
-        return affinity
+        return header_id
     if not isinstance(user_id, str):
         raise InvalidRequest("user_id", f"must be a string, got {_json_type(user_id)}")
-    if not 1 <= len(user_id) <= MAX_USER_ID_LEN or not user_id.isprintable():
-        raise InvalidRequest("user_id", f"must be 1..{MAX_USER_ID_LEN} printable characters")
-    if affinity is not None and affinity != user_id:
-        raise InvalidRequest("user_id", f"differs from the {headers.AFFINITY} header; the load balancer routes "
-                                        "on the header, so both must name the same user")
+    _check_user_id(user_id, "user_id")
+    if header_id is not None and header_id != user_id:
+        raise InvalidRequest("user_id", f"differs from the (percent-decoded) {headers.AFFINITY} header; the load "
+                                        "balancer routes on the header, so both must name the same user")
     return user_id
 
 

@@ -65,7 +65,11 @@ class NginxConsistentHash:
         return len(self._hashes)
 
     def ranked(self, affinity_key: str) -> list[str]:
-        """Servers in the order nginx tries them for this key (first = the chosen one)."""
+        """Servers in the order nginx tries them for this key (first = the chosen one).
+
+        The key is the header value as sent, which nginx hashes byte for byte: for a user id, the
+        encoded form `serving.headers.encode_affinity(user_id)` (ASCII; "é" -> "%C3%A9").
+        """
         return self.ranked_for_hash(zlib.crc32(affinity_key.encode()))
 
     def ranked_for_hash(self, key_hash: int) -> list[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from mindspore_relaygr.relay.router import NginxConsistentHash, NoHealthyInstance
+from serving.headers import encode_affinity
 
 KEYS = [f"user-{i}" for i in range(2000)]
 
@@ -224,7 +225,9 @@ def backends():
 @pytest.mark.slow
 @pytest.mark.parametrize("down_index", [None, 1], ids=["all_up", "one_down"])
 def test_nginx_agrees_with_python_port(tmp_path, backends, down_index):
-    keys = [str(u) for u in range(100)]
+    # Non-ASCII ids travel percent-encoded (serving.headers): the port hashes that same header value.
+    unicode_ids = ["é", "用户1", "🙂", "👨\u200d👩\u200d👧", "50% off", "a%41 b", " ", "Ω≈ç√∫"]
+    keys = [str(u) for u in range(100)] + [encode_affinity(u) for u in unicode_ids]
     down = frozenset() if down_index is None else frozenset({backends[down_index]})
     landed = route_through_nginx(tmp_path, backends, keys, down)
     ring = NginxConsistentHash(backends)
