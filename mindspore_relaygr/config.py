@@ -191,7 +191,10 @@ class RelayConfig:
     # when the prefill's remaining chunks are predicted to beat a miss, it is boosted and waited for
     # up to (predicted remaining + predicted miss)
     warmup: bool = True  # compile every bucket at start-up (false: on first use, e.g. in tests)
-    overload_slo_factor: float | None = None  # reject (503) when queued ranking > slo_ms * factor
+    # Admission control of ranks (serving): admit a rank only while the unfinished ranks ahead of it and
+    # itself are predicted to drain within admission_fraction * trigger.slo_ms; others get 503 at once.
+    # null: admit everything (requests then queue without bound under overload).
+    admission_fraction: float | None = 0.7
     # Fraction of the ranks served from a device slot that are recomputed by full inference when the
     # device is idle (exactness audit); a difference over 1e-5 drops the entry. 0: no audit.
     audit_fraction: float = 0.0
@@ -202,9 +205,9 @@ class RelayConfig:
         _require(self.max_online_len >= 1, "relay.max_online_len", self.max_online_len, "must be >= 1")
         _require(self.inflight_wait_ms >= 0, "relay.inflight_wait_ms", self.inflight_wait_ms, "must be >= 0")
         _require(0.0 <= self.audit_fraction <= 1.0, "relay.audit_fraction", self.audit_fraction, "must be in [0, 1]")
-        if self.overload_slo_factor is not None:
-            _require(self.overload_slo_factor > 0, "relay.overload_slo_factor", self.overload_slo_factor,
-                     "must be > 0")
+        if self.admission_fraction is not None:
+            _require(0 < self.admission_fraction <= 1, "relay.admission_fraction", self.admission_fraction,
+                     "must be in (0, 1]")
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -218,10 +221,13 @@ class ServingConfig:
     host: str = "127.0.0.1"  # bind address; loopback unless asked otherwise
     port: int = 8080
     instance_id: str = "i0"  # X-RelayGR-Instance, metrics label, engine thread name
-    threads: int = 8  # gthread threads of the single worker process
+    threads: int = 64  # gthread threads: more than the ranks admission admits at once, so none queues unseen
     timeout_s: float = 120.0  # gunicorn worker heartbeat timeout
     graceful_timeout_s: float = 15.0  # finish in-flight requests on SIGTERM for this long
     keepalive_s: float = 75.0  # idle keep-alive; longer than nginx's upstream keepalive_timeout (60 s)
+    # A client that sends nothing for this long in the middle of a request (headers or body) is
+    # disconnected (a stalled body gets a 408 first): the bound on how long it holds a thread
+    client_timeout_s: float = 5.0
     max_content_length: int = 4 * 1024 * 1024  # request body cap in bytes (413 above it)
     admin_token: str | None = None  # bearer token of /v1/admin/*; null: no token (bind to loopback then)
     retry_after_s: int = 1  # Retry-After of 503 answers (overloaded, warming up)
@@ -238,6 +244,7 @@ class ServingConfig:
             (self.timeout_s > 0, "timeout_s", "must be > 0"),
             (self.graceful_timeout_s > 0, "graceful_timeout_s", "must be > 0"),
             (self.keepalive_s >= 0, "keepalive_s", "must be >= 0"),
+            (self.client_timeout_s > 0, "client_timeout_s", "must be > 0"),
             (self.max_content_length >= 1024, "max_content_length", "must be >= 1024 bytes"),
             (self.admin_token is None or len(self.admin_token) >= 8, "admin_token", "must have >= 8 characters"),
             (self.retry_after_s >= 0, "retry_after_s", "must be >= 0"),

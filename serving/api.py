@@ -7,8 +7,9 @@ import os
 import time
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
-from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.exceptions import MethodNotAllowed, RequestEntityTooLarge, RequestTimeout
 
+from mindspore_relaygr.errors import Overloaded
 from serving import headers, schemas
 from serving.engine_holder import FAILED, READY
 from serving.errors import Unauthorized
@@ -22,15 +23,20 @@ def _state() -> AppState:
     return current_app.extensions["relaygr"]
 
 
-def _body() -> object:
-    """The parsed JSON body; a chunked body longer than MAX_CONTENT_LENGTH is a 413, not a truncated 400."""
+def _raw_body() -> bytes:
+    """The body's bytes; a chunked body longer than MAX_CONTENT_LENGTH is a 413, not a truncated 400."""
     data = request.get_data(cache=False)
     limit = current_app.config["MAX_CONTENT_LENGTH"]
     if limit and request.content_length is None and len(data) >= limit:
         stream = request.environ.get("wsgi.input")
         if stream is not None and stream.read(1):
             raise RequestEntityTooLarge()
-    return schemas.parse_json(data)
+    return data
+
+
+def _body() -> object:
+    """The parsed JSON body."""
+    return schemas.parse_json(_raw_body())
 
 
 @bp.post("/v1/preinfer")
@@ -54,9 +60,17 @@ def rank() -> Response:
     """Ranking-time request: score every candidate, served from the best cache tier available."""
     t0 = time.perf_counter()
     st = _state()
-    req = schemas.parse_rank(_body(), st.limits, request.headers.get(headers.AFFINITY))
-    engine = st.holder.get()
-    result = engine.rank(req.user_id, req.history, req.candidate_ids, top_k=req.top_k)
+    data = _raw_body()  # a client stalling mid-body holds a thread (until serving.client_timeout_s), never budget
+    _admit(st)
+    served = False
+    try:
+        req = schemas.parse_rank(schemas.parse_json(data), st.limits, request.headers.get(headers.AFFINITY))
+        engine = st.holder.get()
+        result = engine.rank(req.user_id, req.history, req.candidate_ids, top_k=req.top_k)
+        served = True
+    finally:
+        if st.admission is not None:
+            st.admission.finish(served)
     st.metrics.observe_rank(result)
     ranking = [int(i) for i in result.ranking]
     timings = {k: float(v) for k, v in result.timings_ms.items()}
@@ -74,6 +88,16 @@ def rank() -> Response:
     })
     response.headers[headers.CACHE] = result.cache
     return response
+
+
+def _admit(st: AppState) -> None:
+    """Refuse the rank now (503 + Retry-After) unless it can still finish inside the ranking SLO; decided
+    before the body is parsed, so a refused rank costs the instance next to nothing."""
+    if st.admission is None or st.admission.try_admit():
+        return
+    view = st.admission.snapshot()
+    raise Overloaded(f"instance {st.instance_id} is overloaded: {view.in_flight} ranks ahead, about "
+                     f"{view.work_ahead_ms:.0f} ms of work, admission budget {view.budget_ms:.0f} ms")
 
 
 @bp.get("/healthz")
@@ -124,6 +148,7 @@ def stats() -> Response:
         "ready": ready,
         "model_version": engine.model_version if engine is not None else None,
         "engine": engine.stats().to_dict() if ready and engine is not None else None,
+        "admission": st.admission.snapshot().to_dict() if st.admission is not None else None,
     })
 
 
@@ -153,7 +178,7 @@ def _before() -> None:
 @bp.after_app_request
 def _after(response: Response) -> Response:
     st = _state()
-    endpoint = request.url_rule.rule if request.url_rule is not None else "unmatched"
+    endpoint = _route_label()
     seconds = time.perf_counter() - g.get("relaygr_t0", time.perf_counter())
     method = request.method if request.method in KNOWN_METHODS else "other"  # bounded label values
     st.metrics.observe_request(endpoint, method, response.status_code, seconds,
@@ -164,6 +189,18 @@ def _after(response: Response) -> Response:
     response.headers[headers.INSTANCE] = st.instance_id
     _drain_body(4 * st.settings.max_content_length)
     return response
+
+
+def _route_label() -> str:
+    """The route a request addressed: its rule, also for a 405 (a known path, a method it does not
+    allow); "unmatched" only for a path no route has."""
+    if request.url_rule is not None:
+        return request.url_rule.rule
+    exc = request.routing_exception
+    if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
+        rule, _ = current_app.create_url_adapter(request).match(method=exc.valid_methods[0], return_rule=True)
+        return rule.rule
+    return "unmatched"
 
 
 def _drain_body(max_bytes: int) -> None:
@@ -185,5 +222,5 @@ def _drain_body(max_bytes: int) -> None:
             if not chunk:
                 return
             total += len(chunk)
-    except (OSError, ValueError):  # the client went away mid-body
+    except (OSError, ValueError, RequestTimeout):  # the client went away or stalled mid-body
         return

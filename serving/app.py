@@ -14,6 +14,7 @@ from flask.json.provider import DefaultJSONProvider
 
 from mindspore_relaygr.config import RelayGRConfig, ServingConfig, load_config
 from mindspore_relaygr.errors import ConfigError
+from mindspore_relaygr.relay.admission import AdmissionControl
 from serving import api
 from serving.engine_holder import Engine, EngineHolder
 from serving.errors import register_error_handler
@@ -77,10 +78,21 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
     app.json = _JSONProvider(app)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_content_length
     app.extensions["relaygr"] = AppState(config, settings, Limits.from_config(config), holder,
-                                         ServingMetrics(holder, instance_id), instance_id)
+                                         ServingMetrics(holder, instance_id), instance_id, admission_control(config))
     register_error_handler(app, settings.retry_after_s)
     app.register_blueprint(api.bp)
     return app
+
+
+def admission_control(config: RelayGRConfig) -> AdmissionControl | None:
+    """The rank admission of this instance: a budget of relay.admission_fraction x trigger.slo_ms.
+
+    Until ranks have been served, a rank is assumed to cost an eighth of the budget (eight at once)."""
+    fraction = config.relay.admission_fraction
+    if fraction is None:
+        return None
+    budget_ms = fraction * config.trigger.slo_ms
+    return AdmissionControl(budget_ms, initial_cost_ms=budget_ms / 8)
 
 
 def import_factory(spec: str) -> EngineFactory:

@@ -1,5 +1,5 @@
 """The `relaygr` command: the library's commands plus `relaygr serve` (one instance: gunicorn, one
-worker process), `relaygr cluster` (N instances + nginx) and `relaygr bench cluster`.
+worker process), `relaygr cluster` (N instances + nginx), `relaygr bench cluster` and `relaygr bench overload`.
 
 The console script `relaygr` runs `main` here (`python -m serving.cli ...` is the same), because the
 library (`mindspore_relaygr.cli`) never imports `serving`: these commands reach its parser through
@@ -35,10 +35,12 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction, bench_subparsers: argparse._SubParsersAction) -> None:
-    """Add `serve`, `cluster` and `bench cluster` to the `relaygr` parser."""
+    """Add `serve`, `cluster`, `bench cluster` and `bench overload` to the `relaygr` parser."""
     from serving.cluster_bench import register as register_cluster_bench
+    from serving.overload_bench import register as register_overload_bench
 
     register_cluster_bench(bench_subparsers)
+    register_overload_bench(bench_subparsers)
     serve = subparsers.add_parser("serve", help="run one serving instance (gunicorn, 1 worker, gthread threads)")
     _add_config_args(serve)
     serve.add_argument("--host", default=None, help="bind address (default serving.host, 127.0.0.1)")
@@ -125,6 +127,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                        overrides=tuple(args.override), host=args.host, max_fails=args.max_fails,
                        fail_timeout_s=args.fail_timeout, read_timeout_s=args.read_timeout,
                        max_body_bytes=resolve_settings(config).max_content_length,
+                       max_conns=resolve_settings(config).threads,
                        engine_factory=args.engine_factory, bundle=args.bundle, nginx_bin=args.nginx,
                        balance=args.balance)
     cluster = Cluster(spec)

@@ -54,6 +54,9 @@ class ClusterSpec:
     fail_timeout_s: float = 5.0
     read_timeout_s: float = 30.0
     max_body_bytes: int = 4 * 1024 * 1024
+    # Connections nginx opens to one instance at most: its serving.threads, so a request never waits in
+    # an instance's accept queue, unseen by its admission control (nginx tries the next server instead).
+    max_conns: int = 64
     engine_factory: str | None = None  # "module:callable" instead of RelayEngine.from_config
     bundle: str | None = None  # serving bundle directory instead of config_path
     nginx_bin: str | None = None
@@ -66,8 +69,8 @@ class ClusterSpec:
             raise ClusterError(f"num_instances={self.num_instances}: must be >= 1")
         if not 0 < self.port < 65536 - self.num_instances:
             raise ClusterError(f"port={self.port}: ports port..port+{self.num_instances} must be valid")
-        if self.max_fails < 0 or self.fail_timeout_s <= 0 or self.read_timeout_s <= 0:
-            raise ClusterError("max_fails must be >= 0, fail_timeout_s and read_timeout_s > 0")
+        if self.max_fails < 0 or self.fail_timeout_s <= 0 or self.read_timeout_s <= 0 or self.max_conns < 1:
+            raise ClusterError("max_fails must be >= 0, fail_timeout_s and read_timeout_s > 0, max_conns >= 1")
 
     @property
     def instance_ids(self) -> list[str]:
@@ -112,8 +115,8 @@ def render_nginx_conf(spec: ClusterSpec, template: Path = TEMPLATE) -> str:
         "AFFINITY_VAR": headers.nginx_variable(headers.AFFINITY),
         "BALANCE": balance_directive(spec.balance),
         "RETRY_AFTER_HEADER": headers.RETRY_AFTER,
-        "SERVERS": "\n".join(f"        server {s} max_fails={spec.max_fails} fail_timeout={spec.fail_timeout_s:g}s;"
-                             for s in spec.servers),
+        "SERVERS": "\n".join(f"        server {s} max_fails={spec.max_fails} fail_timeout={spec.fail_timeout_s:g}s "
+                             f"max_conns={spec.max_conns};" for s in spec.servers),
         "MAX_BODY": str(spec.max_body_bytes),
         "READ_TIMEOUT": f"{spec.read_timeout_s:g}",
         "TRIES": str(spec.num_instances),

@@ -95,8 +95,9 @@ def check_workload(config: RelayGRConfig, spec: WorkloadSpec) -> None:
 
 
 def set_overrides(name: str, slo_ms: float, max_len: int, overrides: list[str], profile: str | None) -> list[str]:
-    """Instance overrides of a set: the SLO, the user's -o, the profile, then what makes the set."""
-    out = [f"trigger.slo_ms={slo_ms}", *overrides]
+    """Instance overrides of a set: the SLO, no admission control (the benchmark measures how the tail
+    grows with load; a refused rank would hide it), the user's -o, the profile, then what makes the set."""
+    out = [f"trigger.slo_ms={slo_ms}", "relay.admission_fraction=null", *overrides]
     if profile:
         out.append(f"trigger.latency_profile={Path(profile).resolve()}")
     if name == "baseline":
@@ -255,7 +256,7 @@ def summarize_run(outcomes: list[Outcome], qps: float, per_instance: dict[str, d
     summary["per_instance"] = {
         inst: {"ranks": sum(v for k, v in c.items() if k.startswith("rank_")),
                "preinfers": sum(v for k, v in c.items() if k.startswith("preinfer_")),
-               "rejections": c.get("rejections", 0), "prefills": c.get("prefills", 0)}
+               "prefills": c.get("prefills", 0)}
         for inst, c in sorted(per_instance.items())}
     summary["client_instances"] = target.instance_counts()
     summary["colocated"] = target.colocated_fraction()
@@ -307,6 +308,7 @@ def make_set(name: str, bench: ClusterBenchSpec, config: RelayGRConfig, max_len:
     spec = ClusterSpec(port=free_port_block(bench.num_instances + 1), num_instances=bench.num_instances,
                        run_dir=Path(bench.run_root) / name, config_path=bench.config_path, overrides=tuple(overrides),
                        host=HOST, read_timeout_s=bench.read_timeout_s, max_body_bytes=settings.max_content_length,
+                       max_conns=settings.threads,
                        engine_factory=bench.engine_factory)
     return InstanceSet(name, spec, admin_token=settings.admin_token)
 

@@ -1,8 +1,9 @@
 """gunicorn settings of one RelayGR instance (`relaygr serve` passes its flags in RELAYGR_* variables).
 
 One worker process per instance: the KV cache lives in that process, and a second worker would
-split it. Concurrency comes from gthread threads; the engine serialises device work on its own
-executor thread. The engine is built after fork (post_fork), never in the master.
+split it. Concurrency comes from gthread threads (serving/worker.py: gthread with read timeouts on
+client sockets, so stalled clients cannot hold every thread); the engine serialises device work on
+its own executor thread. The engine is built after fork (post_fork), never in the master.
 """
 
 import logging
@@ -20,7 +21,7 @@ backlog = 256
 # ---------------------------------------------------------------- worker processes
 wsgi_app = "serving.wsgi:app"
 workers = 1  # never more: each worker would hold its own, separate cache
-worker_class = "gthread"
+worker_class = "serving.worker.RelayGRWorker"  # gthread, hardened against slow clients; JSON errors
 threads = _settings.threads
 preload_app = False  # the app and MindSpore are imported only in the worker, after fork
 max_requests = 0  # never recycle the worker: that would drop every cached prefix
@@ -47,7 +48,9 @@ def when_ready(server):
 
 
 def post_fork(server, worker):
-    """In the new worker: library logging, then start building the engine in the background."""
+    """In the new worker: its client read timeout, library logging, then start building the engine in the
+    background."""
+    worker.client_timeout_s = _settings.client_timeout_s
     logging.basicConfig(level=_settings.log_level.upper(), stream=sys.stderr,
                         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     from serving import wsgi  # creates the app here, in the worker

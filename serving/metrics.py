@@ -2,7 +2,8 @@
 
 Request-path metrics are observed by the HTTP layer as requests finish; cache and queue state is
 read from `engine.stats()` at scrape time (`EngineStatsCollector`), so a scrape never blocks the
-device thread and the numbers are never stale copies.
+device thread and the numbers are never stale copies. Every counter exists from start-up, at 0
+before its first event and for each of its known label values, so rates and alerts see it at once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from mindspore_relaygr.relay.stats import EngineStats
 from mindspore_relaygr.relay.trigger import REASONS
 from mindspore_relaygr.relay.types import CACHE_TIERS, PreinferResult, RankResult
 from serving.engine_holder import READY, EngineHolder
@@ -32,11 +34,14 @@ logger = logging.getLogger(__name__)
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
                      0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 NO_TIER = "none"  # cache label of endpoints other than /v1/rank
+REJECTION_ENDPOINTS = ("/v1/rank", "/v1/preinfer")  # the routes whose 503s dashboards alert on
+REJECTION_REASONS = ("overloaded", "not_ready")  # serving.errors' kinds of a 503
 
 # Scrape-time metrics read from the typed `engine.stats()` (mindspore_relaygr.relay.stats.EngineStats):
 # (name, kind, help, [(attribute path, labels)]). A path that does not resolve raises (tests check
-# every path against a real engine), so a renamed field cannot silently zero a metric; a path through
-# a tier that is switched off (None) is skipped.
+# every path against a real engine), so a renamed field cannot silently zero a metric. A path through
+# a tier that is switched off (None) is skipped for a gauge and 0 for a counter; before the engine is
+# ready, every counter is 0.
 STATS_METRICS: list[tuple[str, str, str, list[tuple[tuple[str, ...], dict[str, str]]]]] = [
     ("relaygr_queue_depth", "gauge", "Device-thread tasks waiting (ranks and prefill chunks).",
      [(("queue_depth",), {})]),
@@ -100,6 +105,21 @@ def _lookup(stats: Any, path: tuple[str, ...]) -> float | None:
     return None if stats is None else float(stats)
 
 
+def _stats_families(stats: EngineStats | None) -> Iterator[Metric]:
+    """The STATS_METRICS families of `stats` (None: the engine is not ready yet, every counter at 0)."""
+    for name, kind, doc, sources in STATS_METRICS:
+        label_names = sorted({k for _, labels in sources for k in labels})
+        family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(name, doc, labels=label_names)
+        for path, labels in sources:
+            value = _lookup(stats, path)
+            if value is None and kind == "counter":
+                value = 0.0  # no event yet, or a tier that is off
+            if value is not None:
+                family.add_metric([labels[k] for k in label_names], value)
+        if family.samples:
+            yield family
+
+
 class EngineStatsCollector(Collector):
     """Turns `engine.stats()` into gauges and counters when Prometheus scrapes."""
 
@@ -117,23 +137,14 @@ class EngineStatsCollector(Collector):
         info.add_metric([self.instance_id, engine.model_version if engine else "", str(os.getpid())], 1.0)
         yield info
         if not ready or engine is None:
+            yield from _stats_families(None)
             return
         try:
             stats = engine.stats()
         except Exception:  # noqa: BLE001 - a failing stats() must not fail the scrape
             logger.exception("engine.stats() failed during a metrics scrape")
             return
-        for name, kind, doc, sources in STATS_METRICS:
-            label_names = sorted({k for _, labels in sources for k in labels})
-            family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(name, doc, labels=label_names)
-            found = False
-            for path, labels in sources:
-                value = _lookup(stats, path)
-                if value is not None:
-                    family.add_metric([labels[k] for k in label_names], value)
-                    found = True
-            if found:
-                yield family
+        yield from _stats_families(stats)
         yield HistogramMetricFamily("relaygr_audit_max_abs_diff",
                                     "Max |cached - full| score difference of each audited rank.",
                                     buckets=stats.audit.histogram(), sum_value=stats.audit.diff_sum)
@@ -164,6 +175,9 @@ class ServingMetrics:
             self.rank_tiers.labels(tier)
         for reason in (*REASONS, "disabled"):
             self.trigger.labels(reason)
+        for endpoint in REJECTION_ENDPOINTS:
+            for reason in REJECTION_REASONS:
+                self.rejections.labels(endpoint, reason)
         r.register(EngineStatsCollector(holder, instance_id))
 
     def observe_request(self, endpoint: str, method: str, status: int, seconds: float, cache: str | None) -> None:

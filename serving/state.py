@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mindspore_relaygr.config import RelayGRConfig, ServingConfig
+from mindspore_relaygr.relay.admission import AdmissionControl
 from serving.engine_holder import EngineHolder
 from serving.metrics import ServingMetrics
 from serving.schemas import Limits
@@ -18,3 +19,4 @@ class AppState:
     holder: EngineHolder
     metrics: ServingMetrics
     instance_id: str
+    admission: AdmissionControl | None  # None: relay.admission_fraction is null (admit every rank)

@@ -156,3 +156,27 @@ def plot_cluster(report: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_overload(report: dict[str, Any], path: Path) -> None:
+    """`relaygr bench overload`: goodput and 503s vs offered load; accepted-rank P99 and 503 latency vs the SLO."""
+    plt = _pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    rows = sorted(report["single"], key=lambda r: r["multiple"])
+    load = [r["multiple"] for r in rows]
+    ax.plot(load, [r["goodput_rps"] for r in rows], "o-", label="goodput (200 within the SLO)")
+    ax.plot(load, [r["rejected_503"] / r["ranks"] * r["offered_rps"] for r in rows], "s--", label="503 per second")
+    ax.axhline(report["saturation"]["rps"], color="gray", linestyle=":", label="saturating throughput")
+    ax.set(xlabel="offered load (x saturating throughput)", ylabel="ranks per second",
+           title="one instance past its capacity")
+    ax.legend(fontsize=8)
+    p99 = [r["accepted_p99_ms"] for r in rows]
+    bx.plot(load, p99, "o-", label="P99 of accepted ranks")
+    bx.plot(load, [r["reject_p50_ms"] if r["reject_p50_ms"] is not None else float("nan") for r in rows], "s--",
+            label="median 503 latency")
+    bx.axhline(report["slo_ms"], color="red", linestyle="--", label=f"SLO {report['slo_ms']:g} ms")
+    bx.set(xlabel="offered load (x saturating throughput)", ylabel="ms", title="latency")
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

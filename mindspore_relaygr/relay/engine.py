@@ -26,7 +26,6 @@ from mindspore_relaygr.cache import DRAMExpander, KVCacheManager
 from mindspore_relaygr.cache.hierarchy import SPILLED, CacheHit, RelayCache
 from mindspore_relaygr.cache.keys import CacheKey
 from mindspore_relaygr.config import RelayGRConfig
-from mindspore_relaygr.errors import Overloaded
 from mindspore_relaygr.model.inputs import History, validate_candidates, validate_history
 from mindspore_relaygr.relay.audit import TOLERANCE as AUDIT_TOLERANCE
 from mindspore_relaygr.relay.audit import ExactnessAudit
@@ -72,9 +71,9 @@ class RelayEngine:
                                 reload_is_cheaper=self._reload_is_cheaper)
         self.ledger = RelayLedger()
         self.cache.on_evicted = self._on_evicted
-        self.trigger = SequenceAwareTrigger(cfg.trigger, latency, model.layout.slot_bytes, model.num_slots)
+        self.trigger = SequenceAwareTrigger(cfg.trigger, latency, model.layout.slot_bytes, model.num_slots,
+                                            user_tokens=self._user_tokens)
         self._lock = threading.Lock()  # the counters below and the queued-rank estimate
-        self._queued_rank_ms = 0.0
         self.ranks = RankTierCounts()
         self.work = DeviceWorkCounts()
         self.audit = ExactnessAudit(cfg.relay.audit_fraction)
@@ -290,19 +289,13 @@ class RelayEngine:
         hist = validate_history(self.config.model, history)
         cands = validate_candidates(self.config.model, candidate_ids)
         wait_ms, waited = 0.0, False
-        predicted = self._predicted_rank_ms(hist, cands)
         if self.config.relay.enabled:
             wait_ms, waited = self._wait_for_inflight(user_id, hist, cands)
-        self._check_overload(predicted)
         submitted = time.perf_counter()
-        with self._lock:
-            self._queued_rank_ms += predicted
         timing: dict[str, float] = {}
 
         def on_device():
             start = time.perf_counter()
-            with self._lock:
-                self._queued_rank_ms -= predicted
             timing["queue"] = (start - submitted) * 1e3
             out = self._rank_on_device(user_id, hist, cands, waited)
             timing["compute"] = (time.perf_counter() - start) * 1e3
@@ -430,22 +423,6 @@ class RelayEngine:
         combined = scores @ np.asarray(weights, np.float32)
         order = np.argsort(-combined, kind="stable")
         return order[: top_k or len(order)].tolist()
-
-    def _predicted_rank_ms(self, hist: History, cands: np.ndarray) -> float:
-        return self.latency.predict_full_ms(min(len(hist) + self._user_tokens, self.config.model.max_seq_len),
-                                            len(cands))
-
-    def _check_overload(self, predicted_ms: float) -> None:
-        factor = self.config.relay.overload_slo_factor
-        if factor is None:
-            return
-        with self._lock:
-            queued = self._queued_rank_ms
-            overloaded = queued > 0 and queued + predicted_ms > self.config.trigger.slo_ms * factor
-            self.work.rejections += int(overloaded)
-        if overloaded:
-            raise Overloaded(f"instance {self.instance_id}: {queued:.0f} ms of ranking queued, SLO "
-                             f"{self.config.trigger.slo_ms:g} ms")
 
     def _reload_is_cheaper(self, nbytes: int, prefix_len: int) -> bool:
         return nbytes / self.copy_bytes_per_s * 1e3 < self.latency.predict_prefill_ms(prefix_len + self._user_tokens)

@@ -47,7 +47,6 @@ class DeviceWorkCounts:
     inflight_boosts: int = 0
     inflight_wait_timeouts: int = 0
     truncations: int = 0
-    rejections: int = 0  # ranks refused as overloaded
 
 
 @dataclass

@@ -3,7 +3,7 @@
 A relay is admitted iff, in this order:
   1. its key is not already cached (`already_cached`) nor being pre-inferred (`inflight`);
   2. it is at risk: predicted full-path latency > slo_ms * risk_margin, and the prefix has at
-     least min_prefix_len tokens (`not_at_risk`);
+     least min_prefix_len events, the user token not counted (`not_at_risk`);
   3. one more relay keeps the in-flight footprint (admitted relays neither consumed nor dropped,
      as counted by the RelayLedger) within max_inflight_slots and max_inflight_bytes (`footprint`);
   4. the pre-infer load allows it (`load`): fewer than max_queued_prefills prefills pending, and
@@ -56,11 +56,15 @@ class SequenceAwareTrigger:
         slot_bytes: int,
         num_slots: int,
         clock: Callable[[], float] = time.monotonic,
+        user_tokens: int = 0,
     ) -> None:
+        """`user_tokens`: tokens every prefix carries besides its events (the user token, 0 or 1)."""
         if slot_bytes <= 0:
             raise ValueError(f"slot_bytes={slot_bytes!r}: must be > 0")
         if num_slots < 1:
             raise ValueError(f"num_slots={num_slots!r}: must be >= 1")
+        if user_tokens < 0:
+            raise ValueError(f"user_tokens={user_tokens!r}: must be >= 0")
         if cfg.max_inflight_bytes is not None and cfg.max_inflight_bytes < slot_bytes:
             raise ValueError(
                 f"trigger.max_inflight_bytes={cfg.max_inflight_bytes!r}: smaller than one slot "
@@ -69,6 +73,7 @@ class SequenceAwareTrigger:
         self.cfg = cfg
         self.latency = latency
         self.slot_bytes = slot_bytes
+        self.user_tokens = user_tokens
         self.budget_ms = cfg.slo_ms * cfg.risk_margin
         self.max_inflight_slots = min(cfg.max_inflight_slots or num_slots, num_slots)
         self._clock = clock
@@ -103,7 +108,7 @@ class SequenceAwareTrigger:
             return "already_cached"
         if inflight:
             return "inflight"
-        if prefix_len < self.cfg.min_prefix_len or predicted_ms <= self.budget_ms:
+        if prefix_len - self.user_tokens < self.cfg.min_prefix_len or predicted_ms <= self.budget_ms:
             return "not_at_risk"
         max_bytes = self.cfg.max_inflight_bytes
         if new_slot and (footprint.inflight + 1 > self.max_inflight_slots or (

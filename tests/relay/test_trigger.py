@@ -6,15 +6,20 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mindspore_relaygr.cache.keys import CacheKey
-from mindspore_relaygr.config import TriggerConfig
+from mindspore_relaygr.config import TriggerConfig, load_config
+from mindspore_relaygr.relay.engine import RelayEngine
 from mindspore_relaygr.relay.latency import LatencyModel, LatencyPoint
 from mindspore_relaygr.relay.ledger import PREFILL, RelayLedger, RelayState
 from mindspore_relaygr.relay.trigger import REASONS, SequenceAwareTrigger
+from tests.conftest import CONFIGS, random_history
+from tests.relay.fake_model import FakeModel
+from tests.relay.test_engine_fake import BASE, latency
 
 # Full path costs exactly 1/16 ms per token: with the default slo_ms=50, risk_margin=0.8 the budget is
 # 40 ms, so 640 tokens are exactly at the budget (not at risk) and 641 tokens are at risk.
@@ -89,6 +94,29 @@ def test_short_prefixes_are_never_relayed():
     trig = make(min_prefix_len=700)
     assert trig.decide(699, 16).reason == "not_at_risk"  # at risk, but shorter than min_prefix_len
     assert trig.decide(700, 16).reason == "admitted"
+
+
+def test_min_prefix_len_counts_events_not_the_user_token():
+    trig = Admission(SequenceAwareTrigger(TriggerConfig(min_prefix_len=700, max_queued_prefills=64), LATENCY,
+                                          slot_bytes=100, num_slots=64, clock=FakeClock(), user_tokens=1))
+    assert trig.decide(700, 16).reason == "not_at_risk"  # 699 events and the user token
+    assert trig.decide(701, 16).reason == "admitted"
+    with pytest.raises(ValueError, match="user_tokens=-1"):
+        SequenceAwareTrigger(TriggerConfig(), LATENCY, slot_bytes=100, num_slots=1, user_tokens=-1)
+
+
+def test_an_empty_history_is_never_relayed():
+    """A pre-infer of 0 events (only the user token) was admitted although trigger.min_prefix_len is 1."""
+    cfg = load_config(CONFIGS / "tiny.yaml", [*BASE, "trigger.min_prefix_len=1"])
+    engine = RelayEngine(cfg, FakeModel(cfg), latency())  # every prefix is at risk: a 200 ms full path
+    try:
+        empty, one = (random_history(np.random.default_rng(0), n, user_features=[1, 2]) for n in (0, 1))
+        result = engine.preinfer("u0", empty, num_candidates=10)
+        assert (result.admitted, result.reason, result.cache_key) == (False, "not_at_risk", None)
+        assert engine.preinfer("u1", one, num_candidates=10).admitted
+        assert engine.stats().trigger.decisions["not_at_risk"] == 1
+    finally:
+        engine.close()
 
 
 def test_cached_and_inflight_keys_come_first():

@@ -3,7 +3,8 @@ per-user prefix cache, the same validation and errors. Also loadable by a real g
 `relaygr serve --engine-factory tests.serving.fake_engine:FakeEngine.from_config`.
 
 Environment knobs for multi-process tests: RELAYGR_FAKE_OVERLOADED="i1,i2" makes those instances
-answer every rank with Overloaded; RELAYGR_FAKE_STARTUP_S delays start-up like a warm-up.
+answer every rank with Overloaded; RELAYGR_FAKE_STARTUP_S delays start-up like a warm-up;
+RELAYGR_FAKE_RANK_MS makes every rank hold one device lock for that long (a device thread's service time).
 """
 
 from __future__ import annotations
@@ -50,10 +51,13 @@ def fake_scores(hist: History, cands: np.ndarray, num_tasks: int) -> np.ndarray:
 class FakeEngine:
     """RelayEngine's public surface over a dict cache; `calls` records (method, user_id) reaching it."""
 
-    def __init__(self, config: RelayGRConfig, instance_id: str = "i0", overloaded: bool = False) -> None:
+    def __init__(self, config: RelayGRConfig, instance_id: str = "i0", overloaded: bool = False,
+                 rank_ms: float = 0.0) -> None:
         self.config = config
         self.instance_id = instance_id
         self.overloaded = overloaded
+        self.rank_ms = rank_ms
+        self._device = threading.Lock()
         self.fail_with: BaseException | None = None  # raised by the next preinfer/rank (then cleared)
         self._ready = True
         self._lock = threading.Lock()
@@ -66,7 +70,8 @@ class FakeEngine:
     def from_config(cls, config: RelayGRConfig, instance_id: str = "i0") -> FakeEngine:
         time.sleep(float(os.environ.get("RELAYGR_FAKE_STARTUP_S", "0")))
         overloaded = instance_id in os.environ.get("RELAYGR_FAKE_OVERLOADED", "").split(",")
-        return cls(config, instance_id, overloaded=overloaded)
+        rank_ms = float(os.environ.get("RELAYGR_FAKE_RANK_MS", "0"))
+        return cls(config, instance_id, overloaded=overloaded, rank_ms=rank_ms)
 
     @property
     def ready(self) -> bool:
@@ -122,6 +127,9 @@ class FakeEngine:
             entry = self.cache_entry(user_id)
             if entry is not None and entry[1] <= len(hist) and prefix_digest(hist, entry[1]) == entry[0]:
                 tier = "device"
+        if self.rank_ms:
+            with self._device:
+                time.sleep(self.rank_ms / 1e3)
         scores = fake_scores(hist, cands, len(self.config.model.task_names))
         order = np.argsort(-scores.sum(1), kind="stable")[: top_k or len(cands)].tolist()
         self.counters[f"rank_{tier}"] += 1
@@ -143,7 +151,7 @@ class FakeEngine:
         return EngineStats(
             instance=self.instance_id, model_version=self.model_version, ready=self.ready,
             relay_enabled=self.config.relay.enabled, queue_depth=0, copy_bytes_per_s=1e9, slot_bytes=1024,
-            ranks=ranks, work=DeviceWorkCounts(rejections=self.counters["rejections"]),
+            ranks=ranks, work=DeviceWorkCounts(),
             relays=LedgerStats(n, 0, n, 0, 0, 0, 0, 0), trigger=TriggerStats({}, 100.0),
             cache=CacheTierStats(0, 0, 0, 0, device, DramTierStats(bytes_copied=int(np.int64(0)))),
             audit=AuditStats(), preinfers={k[9:]: v for k, v in self.counters.items() if k.startswith("preinfer_")},

@@ -404,7 +404,7 @@ def test_engine_errors_are_counted_by_status(client, fake_engine):
     client.open("/v1/rank", method="FROB")
     text = client.get("/metrics").get_data(as_text=True)
     assert 'relaygr_http_requests_total{endpoint="unmatched",method="GET",status="404"} 1.0' in text
-    assert 'relaygr_http_requests_total{endpoint="unmatched",method="other",status="405"} 1.0' in text
+    assert 'relaygr_http_requests_total{endpoint="/v1/rank",method="other",status="405"} 1.0' in text
 
 
 def test_concurrent_requests_on_one_app(client):

@@ -64,12 +64,15 @@ def test_every_load_replays_the_same_requests_scaled_in_time():
 
 def test_set_overrides_make_the_baseline_full_inference_and_keep_the_users_overrides():
     relay = set_overrides("relay", 120.0, 1536, ["cache.num_slots=4"], None)
-    assert relay == ["trigger.slo_ms=120.0", "cache.num_slots=4"]
+    assert relay == ["trigger.slo_ms=120.0", "relay.admission_fraction=null", "cache.num_slots=4"]
     base = set_overrides("baseline", 120.0, 1536, ["relay.enabled=true"], "p.json")
     assert base[0] == "trigger.slo_ms=120.0" and base[-2:] == ["relay.enabled=false", "relay.max_online_len=1536"]
     assert any(o.startswith("trigger.latency_profile=/") and o.endswith("/p.json") for o in base)
     cfg = load_config(TINY, set_overrides("baseline", 80.0, 100, [], None))
     assert (cfg.relay.enabled, cfg.relay.max_online_len, cfg.trigger.slo_ms) == (False, 100, 80.0)
+    assert cfg.relay.admission_fraction is None  # the benchmark measures queueing: nothing is refused
+    on = load_config(TINY, set_overrides("relay", 80.0, 100, ["relay.admission_fraction=0.5"], None))
+    assert on.relay.admission_fraction == 0.5  # unless the user asks for it
 
 
 def test_counters_are_diffed_per_instance():

@@ -23,19 +23,19 @@ def test_spec_ports_ids_and_servers(tmp_path):
     assert spec.instance_ports == [9001, 9002, 9003]
     assert spec.servers == ["127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"]
     assert spec.ring().servers == spec.servers
-    for bad in ({"num_instances": 0}, {"port": 65535}, {"max_fails": -1}, {"fail_timeout_s": 0}):
+    for bad in ({"num_instances": 0}, {"port": 65535}, {"max_fails": -1}, {"fail_timeout_s": 0}, {"max_conns": 0}):
         with pytest.raises(ClusterError):
             ClusterSpec(**{"port": 9000, "num_instances": 2, "run_dir": tmp_path, **bad})
 
 
 def test_rendered_nginx_conf_hashes_on_the_affinity_header(tmp_path):
     spec = ClusterSpec(port=9000, num_instances=2, run_dir=tmp_path, max_fails=2, fail_timeout_s=7.5,
-                       max_body_bytes=1234567)
+                       max_body_bytes=1234567, max_conns=48)
     conf = render_nginx_conf(spec)
     assert "hash $http_x_relaygr_affinity consistent;" in conf
     assert headers.nginx_variable(headers.AFFINITY) == "$http_x_relaygr_affinity"
-    assert "server 127.0.0.1:9001 max_fails=2 fail_timeout=7.5s;" in conf
-    assert "server 127.0.0.1:9002 max_fails=2 fail_timeout=7.5s;" in conf
+    assert "server 127.0.0.1:9001 max_fails=2 fail_timeout=7.5s max_conns=48;" in conf
+    assert "server 127.0.0.1:9002 max_fails=2 fail_timeout=7.5s max_conns=48;" in conf
     assert "proxy_next_upstream error timeout http_503 non_idempotent;" in conf
     assert "listen 127.0.0.1:9000;" in conf and "client_max_body_size 1234567;" in conf
     assert f"pid {tmp_path.resolve()}/nginx.pid;" in conf and re.search(r"@[A-Z_]+@", conf) is None

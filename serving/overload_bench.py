@@ -1,0 +1,281 @@
+"""`relaygr bench overload`: what one instance does past its capacity, alone and behind nginx.
+
+1. Saturation: closed-loop ranks from `--connections` client threads, straight to instance i0, for
+   `--calibrate-s` seconds; the instance's saturating throughput is the 200s per second it served.
+2. One instance: open-loop ranks (Poisson arrivals) straight to i0 at each multiple of that
+   throughput (0.5x .. 3x), `--ranks` per point. Per point: goodput (200s answered within the SLO,
+   per second of offered load), 503s and their latency, P50/P99 of the accepted ranks, other errors.
+3. Two instances behind nginx: i0 is saturated by direct traffic (`--saturate` x its throughput)
+   while users whose affinity key nginx hashes to i0 send ranks through nginx; nginx must move the
+   ranks i0 refuses to i1. Reported: which instance answered, failures at the client, their P99.
+
+Ranks only (no pre-infer), so every rank is full inference: the heaviest request an instance serves.
+Both instances and the client share this machine's cores, so part 3 measures the forwarding, not
+added capacity. Everything binds 127.0.0.1; the cluster is stopped by PID in a `finally`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mindspore_relaygr.bench.loadgen import Outcome, percentile, run_open_loop
+from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
+from mindspore_relaygr.config import RelayGRConfig, load_config
+from mindspore_relaygr.errors import ConfigError
+from serving.cluster_bench import HOST, REPO_CONFIGS, at_load, check_workload, free_port_block
+from serving.headers import encode_affinity
+from serving.http_target import HTTPTarget, user_id
+
+if TYPE_CHECKING:
+    from serving.cluster import ClusterSpec
+
+DEFAULT_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
+
+
+def rank_workload(config: RelayGRConfig, num_requests: int, num_users: int, median_len: int,
+                  num_candidates: int, seed: int) -> Workload:
+    """Rank-only requests at 1 QPS (scaled per point with `at_load`); histories fit the model."""
+    model = config.model
+    max_len = model.max_seq_len - (1 if model.user_feature_sizes else 0)
+    median = min(median_len, max_len)
+    spec = WorkloadSpec(num_users=num_users, num_requests=num_requests, qps=1.0, median_len=median,
+                        min_len=min(16, median), max_len=max_len, gap_ms=0.0, min_gap_ms=0.0,
+                        num_candidates=num_candidates, growth_per_visit=0, num_items=model.num_items,
+                        num_actions=model.num_actions, seed=seed)
+    workload = Workload.generate(spec)
+    check_workload(config, spec)
+    return workload
+
+
+def users_routed_to(workload: Workload, ring, server: str) -> Workload:
+    """The workload's requests whose user nginx hashes to `server` (their arrival times kept)."""
+    keep = [r for r in workload.requests if ring.route(encode_affinity(user_id(r.user))) == server]
+    return Workload(workload.spec, workload.base_lens, keep, workload.max_visits)
+
+
+def point_summary(outcomes: list[Outcome], offered_rps: float, slo_ms: float) -> dict[str, Any]:
+    """Goodput, rejections and the accepted ranks' latency of one open-loop run."""
+    ranks = [o for o in outcomes if o.kind == "rank"]
+    span_s = max(o.scheduled_s for o in ranks) - min(o.scheduled_s for o in ranks) if len(ranks) > 1 else 0.0
+    accepted = [o.latency_ms for o in ranks if o.status == 200]
+    rejected = [o.latency_ms for o in ranks if o.status == 503]
+    good = sum(1 for ms in accepted if ms <= slo_ms)
+    return {
+        "offered_rps": offered_rps,
+        "achieved_offered_rps": len(ranks) / span_s if span_s > 0 else float("nan"),
+        "ranks": len(ranks),
+        "accepted": len(accepted),
+        "goodput_rps": good / span_s if span_s > 0 else float("nan"),
+        "within_slo": good,
+        "rejected_503": len(rejected),
+        "reject_p50_ms": percentile(rejected, 50) if rejected else None,
+        "reject_p99_ms": percentile(rejected, 99) if rejected else None,
+        "accepted_p50_ms": percentile(accepted, 50) if accepted else None,
+        "accepted_p99_ms": percentile(accepted, 99) if accepted else None,
+        "accepted_max_ms": max(accepted, default=None),
+        "other_errors": sum(1 for o in ranks if o.status not in (200, 503)),
+        "error_samples": sorted({o.error or str(o.status) for o in ranks if o.status not in (200, 503)})[:3],
+    }
+
+
+def saturating_throughput(url: str, workload: Workload, connections: int, seconds: float) -> dict[str, Any]:
+    """Closed loop: `connections` threads send ranks back to back; served 200s per second."""
+    target = HTTPTarget(url, workload)
+    target.prepare(workload.requests)
+    stop_at = time.perf_counter() + seconds
+    counts = {"ok": 0, "rejected": 0, "other": 0}
+    lock = threading.Lock()
+
+    def loop(offset: int) -> None:
+        i = offset
+        while time.perf_counter() < stop_at:
+            _, _, status = target.rank(workload.requests[i % len(workload.requests)])
+            key = "ok" if status == 200 else "rejected" if status == 503 else "other"
+            with lock:
+                counts[key] += 1
+            i += connections
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    target.close()
+    return {"rps": counts["ok"] / elapsed, "seconds": elapsed, "connections": connections, **counts}
+
+
+def open_loop(url: str, workload: Workload, rps: float, max_workers: int) -> tuple[list[Outcome], HTTPTarget]:
+    """One open-loop run of the workload's ranks at `rps` against `url`."""
+    scaled = at_load(workload, rps)
+    target = HTTPTarget(url, scaled)
+    target.prepare(scaled.requests)
+    try:
+        outcomes = run_open_loop(scaled, None, target.rank, max_workers=max_workers)
+    finally:
+        target.close()
+    return outcomes, target
+
+
+@dataclass(frozen=True)
+class OverloadSpec:
+    """What `relaygr bench overload` runs."""
+
+    config_path: str
+    run_dir: Path
+    overrides: tuple[str, ...] = ()
+    multiples: tuple[float, ...] = DEFAULT_MULTIPLES
+    ranks: int = 1500  # per load point
+    saturate: float = 2.0  # direct load on i0 in the forwarding run, x its saturating throughput
+    connections: int = 8  # closed-loop clients of the saturation run
+    calibrate_s: float = 10.0
+    max_workers: int = 64  # client threads of the open-loop runs
+    median_len: int = 96
+    num_candidates: int = 32
+    engine_factory: str | None = None  # tests of the harness: a fake engine instead of RelayEngine
+
+    def __post_init__(self) -> None:
+        if self.ranks < 2 or not self.multiples or min(self.multiples) <= 0 or self.saturate <= 0:
+            raise ConfigError("ranks must be >= 2, multiples and saturate positive")
+
+
+def run_overload_bench(bench: OverloadSpec, say: Callable[[str], None]) -> dict[str, Any]:
+    """The three parts of the module docstring; the cluster (nginx + 2 instances) is always stopped."""
+    from serving.cluster import Cluster, ClusterSpec
+
+    config = load_config(bench.config_path, list(bench.overrides))
+    slo_ms = config.trigger.slo_ms
+    workload = rank_workload(config, bench.ranks, 200, bench.median_len, bench.num_candidates, seed=0)
+    spec = ClusterSpec(port=free_port_block(3), num_instances=2, run_dir=bench.run_dir,
+                       config_path=bench.config_path, overrides=bench.overrides, host=HOST, read_timeout_s=30.0,
+                       max_conns=config.serving.threads,
+                       engine_factory=bench.engine_factory)
+    cluster = Cluster(spec)
+    report: dict[str, Any] = {"config": bench.config_path, "overrides": list(bench.overrides), "slo_ms": slo_ms,
+                              "admission_fraction": config.relay.admission_fraction,
+                              "threads": config.serving.threads, "spec": asdict(workload.spec)}
+    try:
+        say(f"starting nginx + 2 instances (logs in {bench.run_dir / 'logs'})")
+        cluster.start(1800.0)
+        direct = f"http://{HOST}:{spec.instance_ports[0]}"
+        via_nginx = f"http://{HOST}:{spec.port}"
+        saturation_workload = rank_workload(config, 400, 200, bench.median_len, bench.num_candidates, seed=1)
+        saturating_throughput(direct, saturation_workload, bench.connections, min(bench.calibrate_s, 3.0))  # warm
+        sat = saturating_throughput(direct, saturation_workload, bench.connections, bench.calibrate_s)
+        peak = sat["rps"]
+        report["saturation"] = sat
+        say(f"saturating throughput of one instance: {peak:.1f} ranks/s ({bench.connections} connections, "
+            "closed loop)")
+        rows = []
+        for m in bench.multiples:
+            outcomes, _ = open_loop(direct, workload, m * peak, bench.max_workers)
+            row = {"multiple": m, **point_summary(outcomes, m * peak, slo_ms)}
+            rows.append(row)
+            say(point_line(row))
+        report["single"] = rows
+        report["forwarding"] = forwarding_run(spec, workload, direct, via_nginx, bench.saturate * peak,
+                                              bench.max_workers, slo_ms, say)
+    finally:
+        cluster.stop()
+    return report
+
+
+def forwarding_run(spec: ClusterSpec, workload: Workload, direct: str, via_nginx: str, saturating_rps: float,
+                   max_workers: int, slo_ms: float, say) -> dict[str, Any]:
+    """i0 saturated directly while its users' ranks go through nginx at a tenth of that rate."""
+    routed = users_routed_to(workload, spec.ring(), spec.servers[0])
+    results: dict[str, Any] = {}
+
+    def saturate() -> None:
+        results["direct"] = open_loop(direct, workload, saturating_rps, max_workers)
+
+    loader = threading.Thread(target=saturate)
+    loader.start()
+    time.sleep(1.0)  # i0 is saturated before the routed ranks start
+    routed_rps = 0.1 * saturating_rps * len(routed.requests) / max(len(workload.requests), 1)
+    outcomes, target = open_loop(via_nginx, routed, max(routed_rps, 1.0), max_workers)
+    loader.join()
+    direct_outcomes, _ = results["direct"]
+    row = {"direct_rps": saturating_rps, "direct": point_summary(direct_outcomes, saturating_rps, slo_ms),
+           "via_nginx": point_summary(outcomes, routed_rps, slo_ms),
+           "via_nginx_failed": sum(1 for o in outcomes if o.status != 200),
+           "via_nginx_instances": target.instance_counts().get("rank", {})}
+    say(f"forwarding: i0 at {saturating_rps:.0f} ranks/s direct ({row['direct']['rejected_503']} x 503); "
+        f"{row['via_nginx']['ranks']} ranks of i0's users through nginx answered by {row['via_nginx_instances']}, "
+        f"{row['via_nginx_failed']} failed, P99 {row['via_nginx']['accepted_p99_ms']:.1f} ms")
+    return row
+
+
+def point_line(r: dict[str, Any]) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+    return (f"{r['multiple']:>4g}x {r['offered_rps']:>7.1f}/s | goodput {r['goodput_rps']:>6.1f}/s | "
+            f"accepted {r['accepted']:>5} p50 {ms(r['accepted_p50_ms']):>6} p99 {ms(r['accepted_p99_ms']):>6} ms | "
+            f"503 {r['rejected_503']:>5} p50 {ms(r['reject_p50_ms']):>5} ms | other {r['other_errors']}")
+
+
+def format_report(report: dict[str, Any]) -> str:
+    sat = report["saturation"]
+    lines = [f"one instance, SLO {report['slo_ms']:g} ms, admission fraction {report['admission_fraction']}, "
+             f"{report['threads']} server threads; saturating throughput {sat['rps']:.1f} ranks/s",
+             f"{'load':>5} {'offered':>9} | {'goodput':>15} | accepted, p50 and p99 | 503s and their p50 | other"]
+    lines += [point_line(r) for r in report["single"]]
+    peak = max(r["goodput_rps"] for r in report["single"])
+    lines.append(f"peak goodput {peak:.1f} ranks/s")
+    f = report["forwarding"]
+    lines.append(f"behind nginx: i0 saturated at {f['direct_rps']:.0f}/s; i0's users through nginx: "
+                 f"{f['via_nginx']['ranks']} ranks, answered by {f['via_nginx_instances']}, "
+                 f"{f['via_nginx_failed']} failed, P99 {f['via_nginx']['accepted_p99_ms']:.1f} ms")
+    return "\n".join(lines)
+
+
+def register(bench_subparsers: argparse._SubParsersAction) -> None:
+    """Add `relaygr bench overload` to the `relaygr bench` subcommands."""
+    p = bench_subparsers.add_parser("overload", help="goodput, 503s and tail latency of one instance from 0.5x to "
+                                                     "3x its saturating throughput, and forwarding behind nginx")
+    p.add_argument("--config", default=str(REPO_CONFIGS / "tiny.yaml"), help="YAML config of the instances")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value of both instances (repeatable)")
+    p.add_argument("--multiples", type=float, nargs="+", default=list(DEFAULT_MULTIPLES),
+                   help="offered loads as multiples of the saturating throughput")
+    p.add_argument("--ranks", type=int, default=1500, help="ranks per load point (>= 1000 for a P99)")
+    p.add_argument("--saturate", type=float, default=2.0, help="direct load on i0 in the forwarding run (x peak)")
+    p.add_argument("--connections", type=int, default=8, help="closed-loop clients of the saturation run")
+    p.add_argument("--calibrate-s", type=float, default=10.0, help="length of the saturation run (s)")
+    p.add_argument("--max-workers", type=int, default=64, help="client threads of the open-loop runs")
+    p.add_argument("--median-len", type=int, default=96, help="median history length of the ranks")
+    p.add_argument("--candidates", type=int, default=32)
+    p.add_argument("--engine-factory", default=None, metavar="MODULE:CALLABLE",
+                   help="build the instances' engines with this instead of RelayEngine (tests of the harness)")
+    p.add_argument("--out", default="outputs/bench_overload.json")
+    p.set_defaults(func=cmd_bench_overload)
+
+
+def cmd_bench_overload(args: argparse.Namespace) -> int:
+    from mindspore_relaygr.bench import plots
+    from mindspore_relaygr.bench.model_bench import write_report
+
+    out = Path(args.out)
+    say = lambda msg: print(f"[overload] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    run_dir = out.with_name(out.stem + "_run").resolve()
+    bench = OverloadSpec(config_path=str(Path(args.config).resolve()), run_dir=run_dir,
+                         overrides=tuple(args.override), multiples=tuple(args.multiples), ranks=args.ranks,
+                         saturate=args.saturate, connections=args.connections, calibrate_s=args.calibrate_s,
+                         max_workers=args.max_workers, median_len=args.median_len, num_candidates=args.candidates,
+                         engine_factory=args.engine_factory)
+    report = run_overload_bench(bench, say)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_report(report, out)
+    plots.plot_overload(report, out.with_suffix(".png"))
+    print(format_report(report))
+    print(f"[overload] wrote {out} and {out.with_suffix('.png')}")
+    return 0
+

@@ -1,0 +1,254 @@
+"""The gunicorn worker of a RelayGR instance: gthread, hardened against slow and stalled clients.
+
+gunicorn's gthread worker reads a request with blocking socket reads that never time out, in a pool
+thread, and closes connections on its main loop, where a graceful close waits up to 2 s for the
+client's FIN. So a few clients that send part of a request and stall hold every thread, and clients
+that never close stall the loop that accepts and dispatches everyone else. This worker:
+
+* puts a read timeout (`serving.client_timeout_s`) on every client socket. A client silent that long
+  while its headers are read is disconnected; while the app reads its body, the request ends with a
+  JSON 408 and the connection closes. Either way its thread is free again;
+* closes connections in the pool thread that served them, never on the main loop;
+* answers gunicorn's own errors (request line or headers too large, malformed headers, a malformed
+  chunked body) in the API's JSON shape `{"error": ..., "field": ...}`, with gunicorn's status codes.
+
+Written against gunicorn 27.0.1 (gunicorn/workers/gthread.py and gunicorn/workers/base.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import socket
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from http import HTTPStatus
+from ssl import SSLError
+from typing import Any
+
+from gunicorn import util
+from gunicorn.http.body import Body
+from gunicorn.http.errors import (
+    ChunkMissingTerminator,
+    ConfigurationProblem,
+    ExpectationFailed,
+    ForbiddenProxyRequest,
+    InvalidChunkExtension,
+    InvalidChunkSize,
+    InvalidH2CPreface,
+    InvalidHeader,
+    InvalidHeaderName,
+    InvalidHTTPVersion,
+    InvalidProxyLine,
+    InvalidRequestLine,
+    InvalidRequestMethod,
+    InvalidResponseHeader,
+    InvalidResponseHeaderName,
+    InvalidSchemeHeaders,
+    LimitRequestHeaders,
+    LimitRequestLine,
+    NoMoreData,
+    ObsoleteFolding,
+    ParseException,
+    UnsupportedTransferCoding,
+)
+from gunicorn.http.message import Request
+from gunicorn.http.unreader import SocketUnreader
+from gunicorn.http.wsgi import Response, default_environ
+from gunicorn.workers.gthread import TConn, ThreadWorker
+from werkzeug.exceptions import BadRequest, RequestTimeout
+
+from mindspore_relaygr.config import ServingConfig
+
+# The client errors of gunicorn's Worker.handle_error, with its status codes; anything else is a 500.
+CLIENT_ERRORS: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
+    ((LimitRequestLine,), 414),
+    ((LimitRequestHeaders,), 431),
+    ((UnsupportedTransferCoding,), 501),
+    ((ExpectationFailed,), 417),
+    ((ForbiddenProxyRequest, SSLError), 403),
+    ((ConfigurationProblem,), 500),
+    ((InvalidRequestLine, InvalidRequestMethod, InvalidHTTPVersion, InvalidHeader, InvalidHeaderName,
+      InvalidProxyLine, InvalidSchemeHeaders, ObsoleteFolding, InvalidH2CPreface, InvalidChunkSize,
+      ChunkMissingTerminator, InvalidChunkExtension), 400),
+)
+MESSAGES = {414: "request line is too long", 431: "request header fields are too large"}
+
+
+class ClientTimeout(NoMoreData, TimeoutError):
+    """The client sent nothing for client_timeout_s in the middle of a request.
+
+    gthread's handle() takes a NoMoreData for a client that went away (closed without a log line);
+    its body drain takes a TimeoutError as a drain to abandon (the connection closes)."""
+
+    def __str__(self) -> str:
+        return "the client sent nothing within the read timeout"
+
+
+class TimedUnreader(SocketUnreader):
+    """Socket reads that raise ClientTimeout when the socket's timeout expires."""
+
+    timed_out = False
+
+    def chunk(self, size_hint: int | None = None) -> bytes:
+        try:
+            return super().chunk(size_hint)
+        except TimeoutError as exc:  # socket.timeout
+            self.timed_out = True
+            raise ClientTimeout() from exc
+
+
+class TimedConn(TConn):
+    """A gthread connection whose reads time out after `read_timeout_s`."""
+
+    def __init__(self, cfg: Any, sock: socket.socket, client: Any, server: Any, read_timeout_s: float) -> None:
+        super().__init__(cfg, sock, client, server)
+        self.read_timeout_s = read_timeout_s
+
+    def init(self) -> None:
+        """TConn.init(), then the timeout: init() and handle() call setblocking(True), which clears it."""
+        first = not self.initialized
+        super().init()
+        if first and not self.is_http2:
+            unreader = TimedUnreader(self.sock)
+            unreader.unread(self.parser.unreader.take_buffered())
+            self.parser.unreader = unreader
+        self.sock.settimeout(self.read_timeout_s)
+
+    def wait_for_data(self, timeout: float) -> bool:
+        """A new connection waits for its first byte in a pool thread: at most read_timeout_s."""
+        return super().wait_for_data(min(timeout, self.read_timeout_s))
+
+    @property
+    def timed_out(self) -> bool:
+        """Whether a read of this connection timed out (it is then closed without lingering)."""
+        return self.parser is not None and getattr(self.parser.unreader, "timed_out", False)
+
+    def close(self, graceful: bool = False) -> None:
+        if self.sock.fileno() != -1:  # the pool thread that served it may have closed it already
+            super().close(graceful)
+
+
+class AppInput:
+    """The app's wsgi.input: gunicorn's request body, whose read errors become the app's JSON answers
+    (408 for a client that stalled, 400 for a malformed chunked body). The request then closes its
+    connection, and later reads return b"" so the app's own drain ends at once.
+
+    They are raised as werkzeug HTTP errors, which werkzeug's input stream lets through (it turns an
+    OSError or ValueError into "client disconnected") and the app's error handler answers in JSON."""
+
+    def __init__(self, body: Body, req: Request, timeout_s: float) -> None:
+        self._body, self._req, self._timeout_s = body, req, timeout_s
+        self._failed = False
+
+    def read(self, size: int | None = None) -> bytes:
+        return self._guard(self._body.read, size)
+
+    def readline(self, size: int | None = None) -> bytes:
+        return self._guard(self._body.readline, size)
+
+    def readlines(self, hint: int | None = None) -> list[bytes]:
+        return list(self)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.readline, b"")
+
+    def _guard(self, read: Callable[[int | None], bytes], size: int | None) -> bytes:
+        if self._failed:
+            return b""
+        try:
+            return read(size)
+        except ClientTimeout as exc:
+            self._fail()
+            raise RequestTimeout(f"the request body stalled for {self._timeout_s:g} s") from exc
+        except ParseException as exc:
+            self._fail()
+            raise BadRequest(f"malformed request body ({exc})") from exc
+
+    def _fail(self) -> None:
+        self._failed = True
+        self._req.force_close()  # "Connection: close": where the next request would start is unknown
+
+
+class RelayGRWorker(ThreadWorker):
+    """gthread with client read timeouts, closes off the main loop and JSON errors."""
+
+    client_timeout_s = ServingConfig.client_timeout_s  # the instance's own: set by gunicorn.conf.py's post_fork
+
+    def accept(self, listener: socket.socket) -> None:
+        """ThreadWorker.accept with a TimedConn."""
+        try:
+            client_sock, client_addr = listener.accept()
+            self.nr_conns += 1
+            client_sock.setblocking(True)
+            conn = TimedConn(self.cfg, client_sock, client_addr, listener.getsockname(), self.client_timeout_s)
+            self.enqueue_req(conn)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                raise
+
+    def handle(self, conn: TimedConn) -> Any:
+        """ThreadWorker.handle, then close a finished connection in this thread: on the main loop, a
+        client that never sends its FIN would hold up every other client for 2 s."""
+        result = super().handle(conn)
+        if result is False:
+            conn.close(graceful=not conn.timed_out)  # a client that stalled gets no linger
+        return result
+
+    def handle_request(self, req: Request, conn: TimedConn) -> bool:
+        """ThreadWorker.handle_request with the body as AppInput while the app runs."""
+        body = req.body
+        req.body = AppInput(body, req, self.client_timeout_s)
+        try:
+            return super().handle_request(req, conn)
+        finally:
+            req.body = body  # gunicorn's own drain of an unread body reads the socket as before
+
+    def handle_error(self, req: Request | None, client: socket.socket, addr: Any, exc: BaseException) -> None:
+        """Worker.handle_error (same status codes, log lines and access log), answering in JSON."""
+        start = datetime.now()
+        addr = addr or ("", -1)  # unix socket
+        status = client_error_status(exc)
+        if status is not None:
+            self.log.warning("Invalid request from ip=%s: %s", addr[0], exc)
+            if req is None and isinstance(getattr(exc, "req", None), Request):
+                req = exc.req  # a header error of a parsed request: for the access log
+        else:
+            self.log.exception("Error handling request %s", getattr(req, "uri", "(no URI read)"))
+            status = 500
+        payload = error_response(status, *error_body(status, exc))
+        if req is not None:
+            environ = default_environ(req, client, self.cfg)
+            environ["REMOTE_ADDR"], environ["REMOTE_PORT"] = addr[0], str(addr[1])
+            resp = Response(req, client, self.cfg)
+            resp.status = f"{status} {HTTPStatus(status).phrase}"
+            resp.response_length = len(payload)
+            self.log.access(resp, req, environ, datetime.now() - start)
+        try:
+            util.write_nonblock(client, payload)
+        except Exception:  # noqa: BLE001 - the client may be gone; nothing left to tell it
+            self.log.debug("Failed to send error message.")
+
+
+def client_error_status(exc: BaseException) -> int | None:
+    """gunicorn's status code for a request it rejected; None for anything else (an error of ours)."""
+    if isinstance(exc, InvalidResponseHeader | InvalidResponseHeaderName):
+        return None  # a header the app tried to send
+    return next((status for classes, status in CLIENT_ERRORS if isinstance(exc, classes)), None)
+
+
+def error_body(status: int, exc: BaseException) -> tuple[str, str | None]:
+    """(error, field) of the JSON answer; a rejected header value names its header, as the app's errors do."""
+    if status == 500:
+        return f"internal error ({type(exc).__name__})", None
+    named = isinstance(exc, InvalidHeader) and exc.req is not None  # then hdr is the header's name, upper case
+    field = str(exc.hdr).title() if named else None
+    return MESSAGES.get(status) or str(exc)[:200], field
+
+
+def error_response(status: int, message: str, field: str | None) -> bytes:
+    """A complete HTTP/1.1 response carrying `{"error": message, "field": field}`; the connection closes."""
+    body = json.dumps({"error": message, "field": field}).encode()
+    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    return head.encode("latin-1") + body

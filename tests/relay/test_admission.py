@@ -1,0 +1,104 @@
+"""Admission control: what is admitted, what the per-rank cost is learned from (plain Python, fake clock)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from mindspore_relaygr.relay.admission import AdmissionControl
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance_ms(self, ms: float) -> None:
+        self.now += ms / 1e3
+
+
+def test_admits_while_the_queue_drains_within_the_budget_and_refuses_beyond():
+    ctl = AdmissionControl(budget_ms=50.0, initial_cost_ms=10.0, clock=FakeClock())
+    assert [ctl.try_admit() for _ in range(7)] == [True] * 5 + [False] * 2  # (4 + 1) x 10 <= 50 < (5 + 1) x 10
+    view = ctl.snapshot()
+    assert (view.in_flight, view.admitted, view.rejected, view.work_ahead_ms) == (5, 5, 2, 50.0)
+    ctl.finish()
+    assert ctl.try_admit()  # a departure makes room for exactly one more
+
+
+def test_cost_is_learned_from_the_spacing_of_departures_while_busy():
+    clock = FakeClock()
+    ctl = AdmissionControl(budget_ms=100.0, initial_cost_ms=10.0, smoothing=1.0, clock=clock)
+    for _ in range(3):
+        assert ctl.try_admit()
+    clock.advance_ms(4.0)
+    ctl.finish()  # first departure of the busy period: 4 ms after it began
+    assert ctl.snapshot().cost_ms == pytest.approx(4.0)
+    clock.advance_ms(25.0)
+    ctl.finish()  # 25 ms after the previous departure
+    assert ctl.snapshot().cost_ms == pytest.approx(25.0)
+    ctl.finish()
+    clock.advance_ms(1000.0)  # idle time between busy periods is not service time
+    assert ctl.try_admit()
+    clock.advance_ms(6.0)
+    ctl.finish()
+    assert ctl.snapshot().cost_ms == pytest.approx(6.0)
+
+
+def test_slow_departures_shrink_how_many_are_admitted():
+    clock = FakeClock()
+    ctl = AdmissionControl(budget_ms=60.0, initial_cost_ms=5.0, smoothing=0.5, clock=clock)
+    for _ in range(40):  # the server turns out to need 20 ms per rank
+        assert ctl.try_admit()
+        clock.advance_ms(20.0)
+        ctl.finish()
+    assert ctl.snapshot().cost_ms == pytest.approx(20.0, rel=1e-6)
+    assert [ctl.try_admit() for _ in range(4)] == [True, True, True, False]
+
+
+def test_ranks_refused_before_the_model_do_not_teach_the_cost():
+    clock = FakeClock()
+    ctl = AdmissionControl(budget_ms=100.0, initial_cost_ms=10.0, smoothing=1.0, clock=clock)
+    assert ctl.try_admit() and ctl.try_admit()
+    clock.advance_ms(0.1)
+    ctl.finish(served=False)  # a 400: left the queue at once
+    assert ctl.snapshot().cost_ms == 10.0 and ctl.snapshot().in_flight == 1
+    clock.advance_ms(30.0)
+    ctl.finish()
+    assert ctl.snapshot().cost_ms == pytest.approx(30.1)
+
+
+def test_finish_without_admission_is_an_error_and_bad_settings_are_refused():
+    with pytest.raises(RuntimeError, match="without an admitted rank"):
+        AdmissionControl(10.0, 1.0).finish()
+    with pytest.raises(ValueError, match="budget_ms"):
+        AdmissionControl(0.0, 1.0)
+    with pytest.raises(ValueError, match="smoothing"):
+        AdmissionControl(10.0, 1.0, smoothing=0.0)
+
+
+def test_concurrent_admissions_never_exceed_the_bound():
+    ctl = AdmissionControl(budget_ms=80.0, initial_cost_ms=10.0)
+    admitted = []
+    barrier = threading.Barrier(16)
+
+    def worker():
+        barrier.wait()
+        admitted.append(ctl.try_admit())
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(admitted) == 8 and ctl.snapshot().rejected == 8
+
+
+def test_an_idle_instance_admits_even_a_rank_slower_than_the_budget():
+    ctl = AdmissionControl(budget_ms=2.0, initial_cost_ms=5.0, clock=FakeClock())
+    assert ctl.try_admit() and not ctl.try_admit()
+    ctl.finish()
+    assert ctl.try_admit()

@@ -1,0 +1,77 @@
+"""`relaygr bench overload`: the per-point summary and the routing of a user subset (fast), and the
+whole harness on fake engines with a fixed service time behind real nginx (slow; counts, no timing)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from mindspore_relaygr.bench.loadgen import Outcome
+from mindspore_relaygr.config import load_config
+from mindspore_relaygr.errors import ConfigError
+from mindspore_relaygr.relay.router import NginxConsistentHash
+from serving import overload_bench
+from serving.headers import encode_affinity
+from serving.http_target import user_id
+from serving.overload_bench import OverloadSpec, point_summary, rank_workload, users_routed_to
+from tests.conftest import CONFIGS
+from tests.serving.servers import FAKE_FACTORY
+
+TINY = CONFIGS / "tiny.yaml"
+
+
+def outcome(at_s: float, ms: float, status: int, error: str = "") -> Outcome:
+    return Outcome("rank", 0, at_s, ms, status == 200, "miss", False, status, error)
+
+
+def test_point_summary_counts_goodput_within_the_slo_and_keeps_503s_apart():
+    outs = [outcome(0.0, 10.0, 200), outcome(0.5, 60.0, 200), outcome(1.0, 2.0, 503), outcome(1.5, 3.0, 503),
+            outcome(2.0, 5.0, 599, "ConnectionError: x")]
+    row = point_summary(outs, offered_rps=2.5, slo_ms=50.0)
+    counts = (row["ranks"], row["accepted"], row["within_slo"], row["rejected_503"], row["other_errors"])
+    assert counts == (5, 2, 1, 2, 1)
+    assert row["goodput_rps"] == pytest.approx(1 / 2.0)  # one good rank over the 2 s of arrivals
+    assert row["reject_p50_ms"] == pytest.approx(2.5) and row["accepted_max_ms"] == 60.0
+    assert row["error_samples"] == ["ConnectionError: x"]
+
+
+def test_users_routed_to_keeps_exactly_the_requests_nginx_hashes_to_that_server():
+    workload = rank_workload(load_config(TINY), 300, 50, 40, 8, seed=0)
+    ring = NginxConsistentHash(["127.0.0.1:9001", "127.0.0.1:9002"])
+    routed = users_routed_to(workload, ring, "127.0.0.1:9001")
+    assert 0 < len(routed.requests) < len(workload.requests)
+    assert all(ring.route(encode_affinity(user_id(r.user))) == "127.0.0.1:9001" for r in routed.requests)
+    assert [r.at_s for r in routed.requests] == sorted(r.at_s for r in routed.requests)
+
+
+def test_bad_specs_are_refused(tmp_path):
+    for bad in ({"ranks": 1}, {"multiples": ()}, {"multiples": (0.0, 1.0)}, {"saturate": 0.0}):
+        with pytest.raises(ConfigError):
+            OverloadSpec(config_path=str(TINY), run_dir=tmp_path, **bad)
+
+
+@pytest.mark.slow
+def test_harness_on_fake_engines_sheds_past_capacity_and_nginx_forwards(tmp_path, monkeypatch):
+    """Fake engines serve one rank per 20 ms: past ~50 ranks/s admission must refuse (503), never fail,
+    and ranks of i0's users sent through nginx while i0 is saturated must all be answered."""
+    monkeypatch.setenv("RELAYGR_FAKE_RANK_MS", "20")
+    out = tmp_path / "overload.json"
+    parser = argparse.ArgumentParser(prog="relaygr bench")
+    overload_bench.register(parser.add_subparsers(dest="bench", required=True))
+    args = parser.parse_args(["overload", "--config", str(TINY), "--engine-factory", FAKE_FACTORY,
+                              "--multiples", "0.5", "3", "--ranks", "150", "--calibrate-s", "2",
+                              "--median-len", "40", "--candidates", "8", "--out", str(out)])
+    assert args.func(args) == 0
+    report = json.loads(out.read_text())
+    assert out.with_suffix(".png").is_file()
+    low, high = report["single"]
+    assert report["saturation"]["ok"] > 0 and report["saturation"]["other"] == 0
+    assert low["other_errors"] == high["other_errors"] == 0
+    assert low["ranks"] == high["ranks"] == 150
+    assert high["rejected_503"] > 0 and high["accepted"] > 0
+    fwd = report["forwarding"]
+    assert fwd["via_nginx_failed"] == 0 and fwd["via_nginx"]["ranks"] > 0
+    assert fwd["direct"]["rejected_503"] > 0
+    assert fwd["via_nginx_instances"].get("i1", 0) > 0  # what i0 refused, nginx served from i1

@@ -1,0 +1,161 @@
+"""Stalled and slow clients cannot starve an instance (issue #22 item 4).
+
+On a single instance a stalled client holds a gthread thread only until serving.client_timeout_s
+passes without a byte from it, and connections are closed off the main loop (serving/worker.py);
+behind nginx, nginx buffers whole requests before an instance sees them. The live tests hold their
+stalled connections open until they end; the failure condition is a generous socket timeout, never
+a latency threshold.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from gunicorn.http.errors import InvalidChunkSize, NoMoreData
+from werkzeug.exceptions import BadRequest, RequestTimeout
+
+from serving import headers
+from serving.worker import AppInput, ClientTimeout, TimedUnreader
+from tests.serving.conftest import preinfer_body, rank_body
+from tests.serving.servers import FAKE_FACTORY, HOST, cluster, serve, session, tail
+from tests.serving.test_error_shape import READ_TIMEOUT_S, assert_json_error, port_of, read_response
+
+NUM_STALLED = 16
+TIMEOUT = (2, READ_TIMEOUT_S)
+
+
+def stalled_request(k: int) -> tuple[bytes, bool]:
+    """(bytes sent, stalls in its body): even k stop inside the headers, odd k after complete headers
+    and the first bytes of a JSON body, to /v1/preinfer or /v1/rank."""
+    if k % 2 == 0:
+        return b"POST /v1/rank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Stall", False
+    path = b"/v1/preinfer" if k % 4 == 1 else b"/v1/rank"
+    return b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n" \
+           b'{"user_id": "stalled-%d", "history": {"item_ids": [1, 2' % (path, k), True
+
+
+@contextmanager
+def stalled_clients(port: int, n: int = NUM_STALLED) -> Iterator[list[tuple[socket.socket, bool]]]:
+    """n connections that each send part of a request and then nothing; closed on exit."""
+    held: list[tuple[socket.socket, bool]] = []
+    try:
+        for k in range(n):
+            sock = socket.create_connection((HOST, port), timeout=READ_TIMEOUT_S)
+            data, in_body = stalled_request(k)
+            sock.sendall(data)
+            held.append((sock, in_body))
+        yield held
+    finally:
+        for sock, _ in held:
+            sock.close()
+
+
+def assert_serving(url: str) -> None:
+    """/readyz, a pre-infer and a rank of another client are answered."""
+    s = session()
+    affinity = {headers.AFFINITY: "patient-user"}
+    assert s.get(f"{url}/readyz", timeout=TIMEOUT).status_code == 200
+    pre = s.post(f"{url}/v1/preinfer", json=preinfer_body("patient-user"), headers=affinity, timeout=TIMEOUT)
+    assert pre.status_code == 202, pre.text
+    rank = s.post(f"{url}/v1/rank", json=rank_body("patient-user"), headers=affinity, timeout=TIMEOUT)
+    assert rank.status_code == 200, rank.text
+
+
+@pytest.mark.slow
+def test_sixteen_stalled_clients_leave_an_instance_serving(tmp_path):
+    with serve(tmp_path, "st0", engine_factory=FAKE_FACTORY) as (url, proc, log), stalled_clients(port_of(url)):
+        assert_serving(url)
+
+
+@pytest.mark.slow
+def test_stalled_clients_are_cut_off_after_client_timeout_s(tmp_path):
+    """Four threads and sixteen stalled clients: the read timeout, not spare threads, frees them."""
+    overrides = ("serving.threads=4", "serving.client_timeout_s=1")
+    with serve(tmp_path, "st1", engine_factory=FAKE_FACTORY, overrides=overrides) as (url, proc, log):
+        with stalled_clients(port_of(url)) as held:
+            assert_serving(url)
+            for sock, in_body in held:
+                response = read_response(sock)
+                if in_body:  # the app answered 408 and closed the connection
+                    assert_json_error(response, 408)
+                    assert response[1]["connection"] == "close"
+                    assert sock.recv(1) == b""
+                else:  # inside the headers there is no request to answer yet: closed
+                    assert response is None
+        metrics = session().get(f"{url}/metrics", timeout=TIMEOUT).text
+        for path in ("/v1/preinfer", "/v1/rank"):
+            assert f'relaygr_http_requests_total{{endpoint="{path}",method="POST",status="408"}} 4.0' in metrics
+        assert 'status="500"' not in metrics
+        text = log.read_text()
+        assert "Traceback" not in text and "[ERROR]" not in text, tail(log)
+
+
+@pytest.mark.slow
+def test_clients_that_never_close_do_not_stall_the_instance(tmp_path):
+    """gunicorn closed "Connection: close" answers on its main loop, waiting up to 2 s for each
+    client's FIN: 24 clients that never close held up every other client for 48 s."""
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    with serve(tmp_path, "st2", engine_factory=FAKE_FACTORY) as (url, proc, log):
+        held = [socket.create_connection((HOST, port_of(url)), timeout=READ_TIMEOUT_S) for _ in range(24)]
+        try:
+            for sock in held:
+                sock.sendall(request)
+            assert_serving(url)
+        finally:
+            for sock in held:
+                sock.close()
+
+
+@pytest.mark.slow
+def test_sixteen_stalled_clients_never_reach_an_instance_behind_nginx(tmp_path):
+    with cluster(tmp_path, 1, engine_factory=FAKE_FACTORY) as (url, proc, run_dir, port), stalled_clients(port):
+        assert_serving(url)
+
+
+class FakeBody:
+    """gunicorn's Body stand-in: returns `chunks`, then raises `error`."""
+
+    def __init__(self, chunks: list[bytes], error: Exception) -> None:
+        self.chunks, self.error = chunks, error
+
+    def read(self, size: int | None = None) -> bytes:
+        if self.chunks:
+            return self.chunks.pop(0)
+        raise self.error
+
+    readline = read
+
+
+class FakeRequest:
+    must_close = False
+
+    def force_close(self) -> None:
+        self.must_close = True
+
+
+@pytest.mark.parametrize(("error", "answer"), [(ClientTimeout(), RequestTimeout),
+                                               (InvalidChunkSize(b"zz"), BadRequest)])
+def test_a_failed_body_read_becomes_the_apps_answer_and_closes_the_connection(error, answer):
+    req = FakeRequest()
+    body = AppInput(FakeBody([b'{"a": ', b"1"], error), req, timeout_s=5.0)
+    assert body.read() == b'{"a": ' and body.readline() == b"1"
+    with pytest.raises(answer):
+        body.read()
+    assert req.must_close
+    assert body.read() == b"" and body.readline() == b"" and body.readlines() == []  # the app's drain ends
+
+
+def test_a_read_timeout_is_a_client_that_went_away_to_gunicorn():
+    server, client = socket.socketpair()
+    with server, client:
+        server.settimeout(0.01)
+        unreader = TimedUnreader(server)
+        client.sendall(b"GET / HT")
+        assert unreader.read() == b"GET / HT"
+        with pytest.raises(ClientTimeout) as caught:
+            unreader.read()
+        assert isinstance(caught.value, NoMoreData) and isinstance(caught.value, TimeoutError)
+        assert unreader.timed_out
