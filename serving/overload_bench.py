@@ -2,6 +2,8 @@
 
 1. Saturation: closed-loop ranks from `--connections` client threads, straight to instance i0, for
    `--calibrate-s` seconds; the instance's saturating throughput is the 200s per second it served.
+   A connection whose rank is refused waits out the 503's Retry-After, as a client should: one that
+   resends at once spins, and its refusals would eat the capacity being measured.
 2. One instance: open-loop ranks (Poisson arrivals) straight to i0 at each multiple of that
    throughput (0.5x .. 3x), `--ranks` per point. Per point: goodput (200s answered within the SLO,
    per second of offered load), 503s and their latency, P50/P99 of the accepted ranks, other errors.
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from serving.cluster import ClusterSpec
 
 DEFAULT_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
+RETRY_AFTER_S = 1.0  # serving.retry_after_s: what a refused closed-loop client waits before resending
 
 
 def rank_workload(config: RelayGRConfig, num_requests: int, num_users: int, median_len: int,
@@ -100,6 +103,8 @@ def saturating_throughput(url: str, workload: Workload, connections: int, second
             key = "ok" if status == 200 else "rejected" if status == 503 else "other"
             with lock:
                 counts[key] += 1
+            if status == 503:
+                time.sleep(RETRY_AFTER_S)
             i += connections
 
     t0 = time.perf_counter()
@@ -135,7 +140,7 @@ class OverloadSpec:
     multiples: tuple[float, ...] = DEFAULT_MULTIPLES
     ranks: int = 1500  # per load point
     saturate: float = 2.0  # direct load on i0 in the forwarding run, x its saturating throughput
-    connections: int = 8  # closed-loop clients of the saturation run
+    connections: int = 4  # closed-loop clients of the saturation run
     calibrate_s: float = 10.0
     max_workers: int = 64  # client threads of the open-loop runs
     median_len: int = 96
@@ -173,7 +178,7 @@ def run_overload_bench(bench: OverloadSpec, say: Callable[[str], None]) -> dict[
         peak = sat["rps"]
         report["saturation"] = sat
         say(f"saturating throughput of one instance: {peak:.1f} ranks/s ({bench.connections} connections, "
-            "closed loop)")
+            f"closed loop; {sat['rejected']} refused)")
         rows = []
         for m in bench.multiples:
             outcomes, _ = open_loop(direct, workload, m * peak, bench.max_workers)
@@ -248,7 +253,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
                    help="offered loads as multiples of the saturating throughput")
     p.add_argument("--ranks", type=int, default=1500, help="ranks per load point (>= 1000 for a P99)")
     p.add_argument("--saturate", type=float, default=2.0, help="direct load on i0 in the forwarding run (x peak)")
-    p.add_argument("--connections", type=int, default=8, help="closed-loop clients of the saturation run")
+    p.add_argument("--connections", type=int, default=4, help="closed-loop clients of the saturation run")
     p.add_argument("--calibrate-s", type=float, default=10.0, help="length of the saturation run (s)")
     p.add_argument("--max-workers", type=int, default=64, help="client threads of the open-loop runs")
     p.add_argument("--median-len", type=int, default=96, help="median history length of the ranks")
