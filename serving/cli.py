@@ -61,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction, bench_subparsers: argparse.
     cluster.add_argument("--run-dir", default=None, help="configs, PIDs and logs (default outputs/cluster-PORT)")
     cluster.add_argument("--stop", action="store_true", help="stop the cluster recorded in --run-dir and exit")
     cluster.add_argument("--detach", action="store_true", help="return once ready; stop later with --stop")
-    cluster.add_argument("--max-fails", type=int, default=1, help="nginx max_fails of every server")
+    cluster.add_argument("--max-fails", type=int, default=0,
+                         help="nginx max_fails of every server (0: never eject; an overload 503 counts as a failure)")
     cluster.add_argument("--fail-timeout", type=float, default=5.0, help="nginx fail_timeout (s)")
     cluster.add_argument("--read-timeout", type=float, default=30.0, help="nginx proxy_read_timeout (s)")
     cluster.add_argument("--ready-timeout", type=float, default=900.0, help="max wait for the instances (s)")

@@ -50,7 +50,11 @@ class ClusterSpec:
     config_path: str | None = None
     overrides: tuple[str, ...] = ()
     host: str = "127.0.0.1"
-    max_fails: int = 1  # failed attempts within fail_timeout_s that take a server out of the ring
+    # Failed attempts within fail_timeout_s that take a server out of the ring. 0: never; nginx counts an
+    # overload 503 as a failed attempt, and ejecting a busy instance would move all its users (and their
+    # caches' hits) to its neighbour for fail_timeout_s, or leave no live upstream when both refused once.
+    # A dead instance costs a refused connect per request instead (nginx then tries the next server).
+    max_fails: int = 0
     fail_timeout_s: float = 5.0
     read_timeout_s: float = 30.0
     max_body_bytes: int = 4 * 1024 * 1024

@@ -8,8 +8,9 @@
    throughput (0.5x .. 3x), `--ranks` per point. Per point: goodput (200s answered within the SLO,
    per second of offered load), 503s and their latency, P50/P99 of the accepted ranks, other errors.
 3. Two instances behind nginx: i0 is saturated by direct traffic (`--saturate` x its throughput)
-   while users whose affinity key nginx hashes to i0 send ranks through nginx; nginx must move the
-   ranks i0 refuses to i1. Reported: which instance answered, failures at the client, their P99.
+   while users whose affinity key nginx hashes to i0 send ranks through nginx (a quarter of one
+   instance's throughput, as long as the direct load lasts); nginx must move the ranks i0 refuses to
+   i1. Reported: which instance answered, failures at the client, their P99.
 
 Ranks only (no pre-infer), so every rank is full inference: the heaviest request an instance serves.
 Both instances and the client share this machine's cores, so part 3 measures the forwarding, not
@@ -186,7 +187,7 @@ def run_overload_bench(bench: OverloadSpec, say: Callable[[str], None]) -> dict[
             rows.append(row)
             say(point_line(row))
         report["single"] = rows
-        report["forwarding"] = forwarding_run(spec, workload, direct, via_nginx, bench.saturate * peak,
+        report["forwarding"] = forwarding_run(spec, workload, direct, via_nginx, bench.saturate * peak, peak,
                                               bench.max_workers, slo_ms, say)
     finally:
         cluster.stop()
@@ -194,9 +195,17 @@ def run_overload_bench(bench: OverloadSpec, say: Callable[[str], None]) -> dict[
 
 
 def forwarding_run(spec: ClusterSpec, workload: Workload, direct: str, via_nginx: str, saturating_rps: float,
-                   max_workers: int, slo_ms: float, say) -> dict[str, Any]:
-    """i0 saturated directly while its users' ranks go through nginx at a tenth of that rate."""
+                   peak_rps: float, max_workers: int, slo_ms: float, say: Callable[[str], None]) -> dict[str, Any]:
+    """i0 saturated directly (`saturating_rps`) while its users' ranks go through nginx at a quarter of one
+    instance's throughput (`peak_rps`), for as long as the direct load lasts."""
     routed = users_routed_to(workload, spec.ring(), spec.servers[0])
+    share = len(routed.requests) / max(len(workload.requests), 1)  # of the workload's 1-QPS arrivals
+    routed_rps = 0.25 * peak_rps
+    direct_s = workload.requests[-1].at_s / saturating_rps  # how long the direct load lasts
+    lasts_s = 0.8 * direct_s  # started 10% in, ends before the direct load does
+    scaled = at_load(routed, routed_rps / max(share, 1e-9))
+    routed = Workload(routed.spec, routed.base_lens, [r for r in scaled.requests if r.at_s < lasts_s],
+                      routed.max_visits)
     results: dict[str, Any] = {}
 
     def saturate() -> None:
@@ -204,18 +213,18 @@ def forwarding_run(spec: ClusterSpec, workload: Workload, direct: str, via_nginx
 
     loader = threading.Thread(target=saturate)
     loader.start()
-    time.sleep(1.0)  # i0 is saturated before the routed ranks start
-    routed_rps = 0.1 * saturating_rps * len(routed.requests) / max(len(workload.requests), 1)
-    outcomes, target = open_loop(via_nginx, routed, max(routed_rps, 1.0), max_workers)
+    time.sleep(0.1 * direct_s)  # i0 is saturated before the routed ranks start
+    outcomes, target = open_loop(via_nginx, routed, routed.spec.qps, max_workers)
     loader.join()
     direct_outcomes, _ = results["direct"]
     row = {"direct_rps": saturating_rps, "direct": point_summary(direct_outcomes, saturating_rps, slo_ms),
            "via_nginx": point_summary(outcomes, routed_rps, slo_ms),
            "via_nginx_failed": sum(1 for o in outcomes if o.status != 200),
            "via_nginx_instances": target.instance_counts().get("rank", {})}
+    p99 = row["via_nginx"]["accepted_p99_ms"]
     say(f"forwarding: i0 at {saturating_rps:.0f} ranks/s direct ({row['direct']['rejected_503']} x 503); "
         f"{row['via_nginx']['ranks']} ranks of i0's users through nginx answered by {row['via_nginx_instances']}, "
-        f"{row['via_nginx_failed']} failed, P99 {row['via_nginx']['accepted_p99_ms']:.1f} ms")
+        f"{row['via_nginx_failed']} failed, P99 {'-' if p99 is None else f'{p99:.1f}'} ms")
     return row
 
 
@@ -238,7 +247,7 @@ def format_report(report: dict[str, Any]) -> str:
     f = report["forwarding"]
     lines.append(f"behind nginx: i0 saturated at {f['direct_rps']:.0f}/s; i0's users through nginx: "
                  f"{f['via_nginx']['ranks']} ranks, answered by {f['via_nginx_instances']}, "
-                 f"{f['via_nginx_failed']} failed, P99 {f['via_nginx']['accepted_p99_ms']:.1f} ms")
+                 f"{f['via_nginx_failed']} failed, P99 {f['via_nginx']['accepted_p99_ms'] or float('nan'):.1f} ms")
     return "\n".join(lines)
 
 
