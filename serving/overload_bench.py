@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from mindspore_relaygr.bench.loadgen import Outcome, percentile, run_open_loop
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
-from mindspore_relaygr.config import RelayGRConfig, load_config
+from mindspore_relaygr.config import RelayGRConfig, load_config, save_config
 from mindspore_relaygr.errors import ConfigError
 from serving.cluster_bench import HOST, REPO_CONFIGS, at_load, check_workload, free_port_block
 from serving.headers import encode_affinity
@@ -288,8 +288,9 @@ def cmd_bench_overload(args: argparse.Namespace) -> int:
     report = run_overload_bench(bench, say)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_report(report, out)
+    save_config(load_config(bench.config_path, list(bench.overrides)), out.with_suffix(".config.yaml"))
     plots.plot_overload(report, out.with_suffix(".png"))
     print(format_report(report))
-    print(f"[overload] wrote {out} and {out.with_suffix('.png')}")
+    print(f"[overload] wrote {out}, {out.with_suffix('.png')} and {out.with_suffix('.config.yaml')}")
     return 0
 

@@ -175,7 +175,8 @@ def plot_overload(report: dict[str, Any], path: Path) -> None:
     bx.plot(load, [r["reject_p50_ms"] if r["reject_p50_ms"] is not None else float("nan") for r in rows], "s--",
             label="median 503 latency")
     bx.axhline(report["slo_ms"], color="red", linestyle="--", label=f"SLO {report['slo_ms']:g} ms")
-    bx.set(xlabel="offered load (x saturating throughput)", ylabel="ms", title="latency")
+    top = max([report["slo_ms"], *(v for v in p99 if v is not None)])
+    bx.set(xlabel="offered load (x saturating throughput)", ylabel="ms", title="latency", ylim=(0, 1.15 * top))
     bx.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -66,7 +66,7 @@ def test_harness_on_fake_engines_sheds_past_capacity_and_nginx_forwards(tmp_path
                               "--median-len", "40", "--candidates", "8", "--out", str(out)])
     assert args.func(args) == 0
     report = json.loads(out.read_text())
-    assert out.with_suffix(".png").is_file()
+    assert out.with_suffix(".png").is_file() and out.with_suffix(".config.yaml").is_file()
     low, high = report["single"]
     assert report["saturation"]["ok"] > 0 and report["saturation"]["other"] == 0
     assert low["other_errors"] == high["other_errors"] == 0
