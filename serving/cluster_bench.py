@@ -376,13 +376,18 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------- command line
+def add_instance_config_args(p: argparse.ArgumentParser, default_config: Path) -> None:
+    """--config and -o of a benchmark that starts its own instances."""
+    p.add_argument("--config", default=str(default_config), help="YAML config of the instances")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value of every instance (repeatable), e.g. -o context.num_threads=1")
+
+
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
     """Add `relaygr bench cluster` to the `relaygr bench` subcommands."""
     p = bench_subparsers.add_parser("cluster", help="open-loop load on N HTTP instances behind nginx: baseline, "
                                                     "relay and relay without affinity (random instance)")
-    p.add_argument("--config", default=str(REPO_CONFIGS / "bench_long.yaml"), help="YAML config of the instances")
-    p.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value of every instance (repeatable), e.g. -o context.num_threads=1")
+    add_instance_config_args(p, REPO_CONFIGS / "bench_long.yaml")
     p.add_argument("--instances", type=int, default=2, help="instances per cluster")
     p.add_argument("--loads", type=float, nargs="+", default=[1.0, 2.0, 3.0, 4.0], help="offered QPS levels")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))

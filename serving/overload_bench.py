@@ -32,7 +32,7 @@ from mindspore_relaygr.bench.loadgen import Outcome, percentile, run_open_loop
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig, load_config, save_config
 from mindspore_relaygr.errors import ConfigError
-from serving.cluster_bench import HOST, REPO_CONFIGS, at_load, check_workload, free_port_block
+from serving.cluster_bench import HOST, REPO_CONFIGS, add_instance_config_args, at_load, check_workload, free_port_block
 from serving.headers import encode_affinity
 from serving.http_target import HTTPTarget, user_id
 
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from serving.cluster import ClusterSpec
 
 DEFAULT_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
-RETRY_AFTER_S = 1.0  # serving.retry_after_s: what a refused closed-loop client waits before resending
 
 
 def rank_workload(config: RelayGRConfig, num_requests: int, num_users: int, median_len: int,
@@ -89,8 +88,10 @@ def point_summary(outcomes: list[Outcome], offered_rps: float, slo_ms: float) ->
     }
 
 
-def saturating_throughput(url: str, workload: Workload, connections: int, seconds: float) -> dict[str, Any]:
-    """Closed loop: `connections` threads send ranks back to back; served 200s per second."""
+def saturating_throughput(url: str, workload: Workload, connections: int, seconds: float,
+                          retry_after_s: float) -> dict[str, Any]:
+    """Closed loop: `connections` threads send ranks back to back (a refused one waits `retry_after_s`, the
+    instances' Retry-After); served 200s per second."""
     target = HTTPTarget(url, workload)
     target.prepare(workload.requests)
     stop_at = time.perf_counter() + seconds
@@ -105,7 +106,7 @@ def saturating_throughput(url: str, workload: Workload, connections: int, second
             with lock:
                 counts[key] += 1
             if status == 503:
-                time.sleep(RETRY_AFTER_S)
+                time.sleep(retry_after_s)
             i += connections
 
     t0 = time.perf_counter()
@@ -174,8 +175,10 @@ def run_overload_bench(bench: OverloadSpec, say: Callable[[str], None]) -> dict[
         direct = f"http://{HOST}:{spec.instance_ports[0]}"
         via_nginx = f"http://{HOST}:{spec.port}"
         saturation_workload = rank_workload(config, 400, 200, bench.median_len, bench.num_candidates, seed=1)
-        saturating_throughput(direct, saturation_workload, bench.connections, min(bench.calibrate_s, 3.0))  # warm
-        sat = saturating_throughput(direct, saturation_workload, bench.connections, bench.calibrate_s)
+        retry_after_s = config.serving.retry_after_s
+        saturating_throughput(direct, saturation_workload, bench.connections, min(bench.calibrate_s, 3.0),
+                              retry_after_s)  # warm the path
+        sat = saturating_throughput(direct, saturation_workload, bench.connections, bench.calibrate_s, retry_after_s)
         peak = sat["rps"]
         report["saturation"] = sat
         say(f"saturating throughput of one instance: {peak:.1f} ranks/s ({bench.connections} connections, "
@@ -255,9 +258,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     """Add `relaygr bench overload` to the `relaygr bench` subcommands."""
     p = bench_subparsers.add_parser("overload", help="goodput, 503s and tail latency of one instance from 0.5x to "
                                                      "3x its saturating throughput, and forwarding behind nginx")
-    p.add_argument("--config", default=str(REPO_CONFIGS / "tiny.yaml"), help="YAML config of the instances")
-    p.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value of both instances (repeatable)")
+    add_instance_config_args(p, REPO_CONFIGS / "tiny.yaml")
     p.add_argument("--multiples", type=float, nargs="+", default=list(DEFAULT_MULTIPLES),
                    help="offered loads as multiples of the saturating throughput")
     p.add_argument("--ranks", type=int, default=1500, help="ranks per load point (>= 1000 for a P99)")

@@ -73,7 +73,7 @@ class RelayEngine:
         self.cache.on_evicted = self._on_evicted
         self.trigger = SequenceAwareTrigger(cfg.trigger, latency, model.layout.slot_bytes, model.num_slots,
                                             user_tokens=self._user_tokens)
-        self._lock = threading.Lock()  # the counters below and the queued-rank estimate
+        self._lock = threading.Lock()  # the counters below
         self.ranks = RankTierCounts()
         self.work = DeviceWorkCounts()
         self.audit = ExactnessAudit(cfg.relay.audit_fraction)

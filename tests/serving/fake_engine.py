@@ -114,7 +114,6 @@ class FakeEngine:
         hist = validate_history(self.config.model, history)
         cands = validate_candidates(self.config.model, candidate_ids)
         if self.overloaded:
-            self.counters["rejections"] += 1
             raise Overloaded(f"instance {self.instance_id}: ranking queue would miss the SLO")
         tier, truncated = "miss", False
         if not self.config.relay.enabled:
