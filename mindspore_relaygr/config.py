@@ -231,6 +231,13 @@ class ServingConfig:
     max_content_length: int = 4 * 1024 * 1024  # request body cap in bytes (413 above it)
     admin_token: str | None = None  # bearer token of /v1/admin/*; null: no token (bind to loopback then)
     retry_after_s: int = 1  # Retry-After of 503 answers (overloaded, warming up)
+    # The servers of the nginx upstream block this instance is one of (`hash ... consistent`), written
+    # as nginx.conf writes them; "host:port" of this instance must be one of them. A rank whose
+    # affinity key puts this instance last in nginx's try order has been refused by every other
+    # instance: it is admitted against the whole SLO (trigger.slo_ms), not the admission budget.
+    # `relaygr cluster` sets it (the instance's host:port, after flags, must be listed); null: every
+    # rank is held to the admission budget.
+    upstream_servers: list[str] | None = None
     access_log: bool = False  # gunicorn access log to stderr
     log_level: str = "info"
 
@@ -248,11 +255,20 @@ class ServingConfig:
             (self.max_content_length >= 1024, "max_content_length", "must be >= 1024 bytes"),
             (self.admin_token is None or len(self.admin_token) >= 8, "admin_token", "must have >= 8 characters"),
             (self.retry_after_s >= 0, "retry_after_s", "must be >= 0"),
+            (self.upstream_servers is None or (
+                isinstance(self.upstream_servers, list) and all(isinstance(s, str) and s for s in self.upstream_servers)
+                and len(set(self.upstream_servers)) == len(self.upstream_servers) >= 1),
+             "upstream_servers", "must be a list of distinct non-empty server names"),
             (self.log_level in LOG_LEVELS, "log_level", f"must be one of {LOG_LEVELS}"),
         ]
         for ok, key, why in checks:
             # the token itself never goes into an error message (logs)
             _require(ok, f"serving.{key}", "<hidden>" if key == "admin_token" else getattr(self, key), why)
+
+    @property
+    def upstream_address(self) -> str:
+        """This instance as nginx's upstream block names it (`relaygr cluster` writes host:port)."""
+        return f"{self.host}:{self.port}"
 
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")

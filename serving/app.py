@@ -15,6 +15,7 @@ from flask.json.provider import DefaultJSONProvider
 from mindspore_relaygr.config import RelayGRConfig, ServingConfig, load_config
 from mindspore_relaygr.errors import ConfigError
 from mindspore_relaygr.relay.admission import AdmissionControl
+from mindspore_relaygr.relay.router import NginxConsistentHash
 from serving import api
 from serving.engine_holder import Engine, EngineHolder
 from serving.errors import register_error_handler
@@ -78,21 +79,34 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
     app.json = _JSONProvider(app)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_content_length
     app.extensions["relaygr"] = AppState(config, settings, Limits.from_config(config), holder,
-                                         ServingMetrics(holder, instance_id), instance_id, admission_control(config))
+                                         ServingMetrics(holder, instance_id), instance_id, admission_control(config, settings),
+                                         upstream_ring(settings))
     register_error_handler(app, settings.retry_after_s)
     app.register_blueprint(api.bp)
     return app
 
 
-def admission_control(config: RelayGRConfig) -> AdmissionControl | None:
-    """The rank admission of this instance: a budget of relay.admission_fraction x trigger.slo_ms.
+def admission_control(config: RelayGRConfig, settings: ServingConfig) -> AdmissionControl | None:
+    """The rank admission of this instance: a budget of relay.admission_fraction x trigger.slo_ms, and
+    the whole SLO for a rank on its last try behind nginx (serving.upstream_servers set).
 
     Until ranks have been served, a rank is assumed to cost an eighth of the budget (eight at once)."""
     fraction = config.relay.admission_fraction
     if fraction is None:
         return None
     budget_ms = fraction * config.trigger.slo_ms
-    return AdmissionControl(budget_ms, initial_cost_ms=budget_ms / 8)
+    last_resort_ms = config.trigger.slo_ms if settings.upstream_servers else budget_ms
+    return AdmissionControl(budget_ms, initial_cost_ms=budget_ms / 8, last_resort_budget_ms=last_resort_ms)
+
+
+def upstream_ring(settings: ServingConfig) -> NginxConsistentHash | None:
+    """nginx's choice over serving.upstream_servers, which must name this instance (host:port)."""
+    if not settings.upstream_servers:
+        return None
+    if settings.upstream_address not in settings.upstream_servers:
+        raise ConfigError(f"serving.upstream_servers={settings.upstream_servers}: does not name this instance "
+                          f"({settings.upstream_address}, from its host and port)")
+    return NginxConsistentHash(settings.upstream_servers)
 
 
 def import_factory(spec: str) -> EngineFactory:

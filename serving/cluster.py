@@ -191,6 +191,8 @@ class Cluster:
             cmd += ["--bundle", str(Path(self.spec.bundle).resolve())]
         elif self.spec.config_path:
             cmd += ["--config", str(Path(self.spec.config_path).resolve())]
+        if self.spec.balance == "affinity":  # the instance learns when a rank is on its last try
+            cmd += ["-o", f"serving.upstream_servers={json.dumps(self.spec.servers)}"]
         for override in self.spec.overrides:
             cmd += ["-o", override]
         if self.spec.engine_factory:

@@ -8,9 +8,10 @@
    throughput (0.5x .. 3x), `--ranks` per point. Per point: goodput (200s answered within the SLO,
    per second of offered load), 503s and their latency, P50/P99 of the accepted ranks, other errors.
 3. Two instances behind nginx: i0 is saturated by direct traffic (`--saturate` x its throughput)
-   while users whose affinity key nginx hashes to i0 send ranks through nginx (a quarter of one
-   instance's throughput, as long as the direct load lasts); nginx must move the ranks i0 refuses to
-   i1. Reported: which instance answered, failures at the client, their P99.
+   while users whose affinity key nginx hashes to i0 send about `--forwarded-ranks` ranks through
+   nginx (at a quarter of one instance's throughput, while the direct load lasts); nginx must move
+   the ranks i0 refuses to i1, which admits them against the whole SLO since no instance is left to
+   try. Reported: which instance answered, failures at the client, their P99.
 
 Ranks only (no pre-infer), so every rank is full inference: the heaviest request an instance serves.
 Both instances and the client share this machine's cores, so part 3 measures the forwarding, not
@@ -20,6 +21,7 @@ added capacity. Everything binds 127.0.0.1; the cluster is stopped by PID in a `
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import threading
 import time
@@ -37,6 +39,7 @@ from serving.headers import encode_affinity
 from serving.http_target import HTTPTarget, user_id
 
 if TYPE_CHECKING:
+    from mindspore_relaygr.relay.router import NginxConsistentHash
     from serving.cluster import ClusterSpec
 
 DEFAULT_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
@@ -52,12 +55,11 @@ def rank_workload(config: RelayGRConfig, num_requests: int, num_users: int, medi
                         min_len=min(16, median), max_len=max_len, gap_ms=0.0, min_gap_ms=0.0,
                         num_candidates=num_candidates, growth_per_visit=0, num_items=model.num_items,
                         num_actions=model.num_actions, seed=seed)
-    workload = Workload.generate(spec)
     check_workload(config, spec)
-    return workload
+    return Workload.generate(spec)
 
 
-def users_routed_to(workload: Workload, ring, server: str) -> Workload:
+def users_routed_to(workload: Workload, ring: NginxConsistentHash, server: str) -> Workload:
     """The workload's requests whose user nginx hashes to `server` (their arrival times kept)."""
     keep = [r for r in workload.requests if ring.route(encode_affinity(user_id(r.user))) == server]
     return Workload(workload.spec, workload.base_lens, keep, workload.max_visits)
@@ -142,6 +144,7 @@ class OverloadSpec:
     multiples: tuple[float, ...] = DEFAULT_MULTIPLES
     ranks: int = 1500  # per load point
     saturate: float = 2.0  # direct load on i0 in the forwarding run, x its saturating throughput
+    forwarded_ranks: int = 1000  # ranks of i0's users sent through nginx in the forwarding run (about)
     connections: int = 4  # closed-loop clients of the saturation run
     calibrate_s: float = 10.0
     max_workers: int = 64  # client threads of the open-loop runs
@@ -150,8 +153,13 @@ class OverloadSpec:
     engine_factory: str | None = None  # tests of the harness: a fake engine instead of RelayEngine
 
     def __post_init__(self) -> None:
-        if self.ranks < 2 or not self.multiples or min(self.multiples) <= 0 or self.saturate <= 0:
-            raise ConfigError("ranks must be >= 2, multiples and saturate positive")
+        if self.ranks < 2 or self.forwarded_ranks < 2 or not self.multiples or min(self.multiples) <= 0 \
+                or self.saturate <= 0:
+            raise ConfigError("ranks and forwarded_ranks must be >= 2, multiples and saturate positive")
+
+
+ROUTED_SHARE = 0.25  # rate of the forwarding run's nginx stream, x one instance's saturating throughput
+ROUTED_SPAN = 0.8  # part of the direct load's duration the nginx stream runs in
 
 
 def run_overload_bench(bench: OverloadSpec, say: Callable[[str], None]) -> dict[str, Any]:
@@ -190,7 +198,11 @@ def run_overload_bench(bench: OverloadSpec, say: Callable[[str], None]) -> dict[
             rows.append(row)
             say(point_line(row))
         report["single"] = rows
-        report["forwarding"] = forwarding_run(spec, workload, direct, via_nginx, bench.saturate * peak, peak,
+        # The routed stream runs at ROUTED_SHARE of one instance's throughput during ROUTED_SPAN of the
+        # direct load (at `saturate` x that throughput): the direct load needs this many ranks.
+        direct_ranks = math.ceil(bench.forwarded_ranks * bench.saturate / (ROUTED_SHARE * ROUTED_SPAN))
+        direct_workload = rank_workload(config, direct_ranks, 200, bench.median_len, bench.num_candidates, seed=2)
+        report["forwarding"] = forwarding_run(spec, direct_workload, direct, via_nginx, bench.saturate * peak, peak,
                                               bench.max_workers, slo_ms, say)
     finally:
         cluster.stop()
@@ -199,13 +211,13 @@ def run_overload_bench(bench: OverloadSpec, say: Callable[[str], None]) -> dict[
 
 def forwarding_run(spec: ClusterSpec, workload: Workload, direct: str, via_nginx: str, saturating_rps: float,
                    peak_rps: float, max_workers: int, slo_ms: float, say: Callable[[str], None]) -> dict[str, Any]:
-    """i0 saturated directly (`saturating_rps`) while its users' ranks go through nginx at a quarter of one
-    instance's throughput (`peak_rps`), for as long as the direct load lasts."""
+    """i0 saturated directly (`saturating_rps`) while its users' ranks go through nginx at ROUTED_SHARE of
+    one instance's throughput (`peak_rps`) during the middle ROUTED_SPAN of the direct load."""
     routed = users_routed_to(workload, spec.ring(), spec.servers[0])
     share = len(routed.requests) / max(len(workload.requests), 1)  # of the workload's 1-QPS arrivals
-    routed_rps = 0.25 * peak_rps
+    routed_rps = ROUTED_SHARE * peak_rps
     direct_s = workload.requests[-1].at_s / saturating_rps  # how long the direct load lasts
-    lasts_s = 0.8 * direct_s  # started 10% in, ends before the direct load does
+    lasts_s = ROUTED_SPAN * direct_s  # started 10% in, ends before the direct load does
     scaled = at_load(routed, routed_rps / max(share, 1e-9))
     routed = Workload(routed.spec, routed.base_lens, [r for r in scaled.requests if r.at_s < lasts_s],
                       routed.max_visits)
@@ -263,6 +275,8 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
                    help="offered loads as multiples of the saturating throughput")
     p.add_argument("--ranks", type=int, default=1500, help="ranks per load point (>= 1000 for a P99)")
     p.add_argument("--saturate", type=float, default=2.0, help="direct load on i0 in the forwarding run (x peak)")
+    p.add_argument("--forwarded-ranks", type=int, default=1000,
+                   help="ranks of the saturated instance's users sent through nginx in the forwarding run")
     p.add_argument("--connections", type=int, default=4, help="closed-loop clients of the saturation run")
     p.add_argument("--calibrate-s", type=float, default=10.0, help="length of the saturation run (s)")
     p.add_argument("--max-workers", type=int, default=64, help="client threads of the open-loop runs")
@@ -283,7 +297,7 @@ def cmd_bench_overload(args: argparse.Namespace) -> int:
     run_dir = out.with_name(out.stem + "_run").resolve()
     bench = OverloadSpec(config_path=str(Path(args.config).resolve()), run_dir=run_dir,
                          overrides=tuple(args.override), multiples=tuple(args.multiples), ranks=args.ranks,
-                         saturate=args.saturate, connections=args.connections, calibrate_s=args.calibrate_s,
+                         saturate=args.saturate, forwarded_ranks=args.forwarded_ranks, connections=args.connections, calibrate_s=args.calibrate_s,
                          max_workers=args.max_workers, median_len=args.median_len, num_candidates=args.candidates,
                          engine_factory=args.engine_factory)
     report = run_overload_bench(bench, say)

@@ -44,6 +44,11 @@ def _parse(name: str, text: str, tp: Any) -> Any:
             return int(text)
         if tp in (float, "float"):
             return float(text)
+        if str(tp).startswith("list"):
+            value = json.loads(text)
+            if not isinstance(value, list):
+                raise ValueError(text)
+            return value
     except ValueError as exc:
         raise ConfigError(f"{name}={text!r}: not a valid {tp}") from exc
     return text
@@ -95,6 +100,8 @@ def to_env(config_path: str | None, overrides: list[str], settings: Mapping[str,
             continue
         if key == "admin_token":
             env[ENV_ADMIN_TOKEN] = str(value)
+        elif isinstance(value, list):
+            env[ENV_PREFIX + key.upper()] = json.dumps(value)
         else:
             env[ENV_PREFIX + key.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
     return env

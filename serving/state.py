@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mindspore_relaygr.config import RelayGRConfig, ServingConfig
 from mindspore_relaygr.relay.admission import AdmissionControl
+from mindspore_relaygr.relay.router import NginxConsistentHash
 from serving.engine_holder import EngineHolder
 from serving.metrics import ServingMetrics
 from serving.schemas import Limits
@@ -20,3 +21,4 @@ class AppState:
     metrics: ServingMetrics
     instance_id: str
     admission: AdmissionControl | None  # None: relay.admission_fraction is null (admit every rank)
+    upstream: NginxConsistentHash | None  # nginx's try order over serving.upstream_servers (None: not set)

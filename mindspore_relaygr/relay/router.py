@@ -72,6 +72,13 @@ class NginxConsistentHash:
         """
         return self.ranked_for_hash(zlib.crc32(affinity_key.encode()))
 
+    def is_last_try(self, affinity_key: str, server: str) -> bool:
+        """True if `server` is the last one nginx tries for this key (when every server is tried): a
+        request for this key that reached it was refused by, or could not reach, all the others."""
+        if server not in self.servers:
+            raise ValueError(f"{server!r} is not one of the servers {self.servers}")
+        return self.ranked(affinity_key)[-1] == server
+
     def ranked_for_hash(self, key_hash: int) -> list[str]:
         """Servers in try order from the first point >= `key_hash` (a point equal to it wins; wraps)."""
         start = bisect.bisect_left(self._hashes, key_hash)

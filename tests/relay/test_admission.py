@@ -102,3 +102,21 @@ def test_an_idle_instance_admits_even_a_rank_slower_than_the_budget():
     assert ctl.try_admit() and not ctl.try_admit()
     ctl.finish()
     assert ctl.try_admit()
+
+
+def test_a_last_resort_rank_may_use_the_whole_slo_but_no_more():
+    ctl = AdmissionControl(budget_ms=70.0, initial_cost_ms=30.0, clock=FakeClock(), last_resort_budget_ms=100.0)
+    assert ctl.try_admit() and ctl.try_admit()  # 2 x 30 <= 70
+    assert not ctl.try_admit()  # 3 x 30 > 70: a rank with another instance to try is refused
+    assert ctl.try_admit(last_resort=True)  # 3 x 30 <= 100: the last instance takes it
+    assert not ctl.try_admit(last_resort=True)  # 4 x 30 > 100: beyond the SLO even the last one refuses
+    view = ctl.snapshot()
+    assert (view.admitted, view.rejected, view.admitted_last_resort, view.in_flight) == (3, 2, 1, 3)
+    assert view.to_dict()["last_resort_budget_ms"] == 100.0
+
+
+def test_the_last_resort_budget_defaults_to_the_budget_and_cannot_be_smaller():
+    ctl = AdmissionControl(budget_ms=20.0, initial_cost_ms=10.0, clock=FakeClock())
+    assert ctl.try_admit() and ctl.try_admit() and not ctl.try_admit(last_resort=True)
+    with pytest.raises(ValueError, match="last_resort_budget_ms"):
+        AdmissionControl(budget_ms=20.0, initial_cost_ms=10.0, last_resort_budget_ms=10.0)

@@ -51,6 +51,17 @@ def test_down_servers_fall_back_in_ranked_order():
     assert all(ring.route(k, down={second}) == owner for k, owner in owners.items() if owner != second)
 
 
+def test_the_last_try_is_the_last_server_in_the_key_s_order():
+    servers = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+    ring = NginxConsistentHash(servers)
+    for key in KEYS[:200]:
+        order = ring.ranked(key)
+        assert [ring.is_last_try(key, s) for s in order] == [False, False, True]
+    with pytest.raises(ValueError, match="not one of the servers"):
+        ring.is_last_try("user-1", "127.0.0.1:4")
+    assert NginxConsistentHash(["127.0.0.1:1"]).is_last_try("any", "127.0.0.1:1")  # one server: its only try
+
+
 def test_bad_servers_are_rejected():
     with pytest.raises(ValueError, match="must be unique"):
         NginxConsistentHash(["a", "a"])

@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from mindspore_relaygr.config import load_config
+from mindspore_relaygr.errors import ConfigError
+from mindspore_relaygr.relay.router import NginxConsistentHash
 from serving.app import create_app
 from serving.settings import resolve_settings
 from tests.conftest import CONFIGS
@@ -88,3 +92,60 @@ def test_admission_off_admits_everything():
     for t in threads:
         t.join(30)
     assert client.get("/v1/stats").get_json()["admission"] is None
+
+
+def make_member_app(slo_ms: float = 80.0):
+    """Instance 127.0.0.1:8001 of a two-instance nginx upstream, budget 0.5 x SLO."""
+    config = load_config(CONFIGS / "tiny.yaml", [f"trigger.slo_ms={slo_ms}", "relay.admission_fraction=0.5",
+                                                 'serving.upstream_servers=["127.0.0.1:8001", "127.0.0.1:8002"]'])
+    engine = BlockingEngine(config, instance_id="a0")
+    settings = resolve_settings(config, instance_id="a0", host="127.0.0.1", port=8001)
+    return create_app(config, engine=engine, settings=settings), engine
+
+
+def keys_by_position(servers: list[str], me: str) -> tuple[str, str]:
+    """(a user whose first choice is `me`, a user for whom `me` is the last try)."""
+    ring = NginxConsistentHash(servers)
+    first = next(f"u{i}" for i in range(1000) if ring.ranked(f"u{i}")[0] == me)
+    last = next(f"u{i}" for i in range(1000) if ring.ranked(f"u{i}")[-1] == me)
+    return first, last
+
+
+def post_user_rank(client, user: str) -> int:
+    resp = client.post("/v1/rank", data=json.dumps(rank_body(user)).encode(), content_type="application/json",
+                       headers={"X-RelayGR-Affinity": user})
+    return resp.status_code
+
+
+def test_behind_nginx_the_last_instance_to_try_uses_the_whole_slo():
+    app, engine = make_member_app()  # budget 40 ms, SLO 80 ms; before any departure a rank counts 5 ms
+    client = app.test_client()
+    own, forwarded = keys_by_position(["127.0.0.1:8001", "127.0.0.1:8002"], "127.0.0.1:8001")
+    threads = [threading.Thread(target=post_user_rank, args=(client, own)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        assert engine.entered.acquire(timeout=30)
+    assert post_user_rank(client, own) == 503  # its next instance may still serve it in time
+    assert post_rank(client, rank_body(forwarded))[0] == 503  # no affinity header: no try order to be last in
+    extra = [threading.Thread(target=post_user_rank, args=(client, forwarded)) for _ in range(8)]
+    for t in extra:  # 9..16 in flight x 5 ms <= 80 ms: every other instance refused these, so this one serves
+        t.start()
+    for _ in extra:
+        assert engine.entered.acquire(timeout=30)
+    assert post_user_rank(client, forwarded) == 503  # 17 x 5 ms > 80 ms: beyond the SLO it refuses too
+    stats = client.get("/v1/stats").get_json()["admission"]
+    assert (stats["admitted"], stats["rejected"], stats["admitted_last_resort"]) == (16, 3, 8)
+    assert stats["last_resort_budget_ms"] == 80.0
+    engine.release.set()
+    for t in threads + extra:
+        t.join(30)
+
+
+def test_upstream_servers_must_name_the_instance():
+    config = load_config(CONFIGS / "tiny.yaml", ['serving.upstream_servers=["127.0.0.1:8001", "127.0.0.1:8002"]'])
+    settings = resolve_settings(config, port=9999)
+    with pytest.raises(ConfigError, match="does not name this instance .127.0.0.1:9999"):
+        create_app(config, engine=FakeEngine(config, instance_id="a0"), settings=settings)
+    with pytest.raises(ConfigError, match="serving.upstream_servers"):
+        load_config(CONFIGS / "tiny.yaml", ['serving.upstream_servers=["a", "a"]'])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -79,7 +80,18 @@ def test_settings_round_trip_through_the_environment():
     assert Path(env["RELAYGR_CONFIG"]).is_absolute()
 
 
+def test_upstream_servers_come_through_the_environment_as_json():
+    servers = ["127.0.0.1:8001", "127.0.0.1:8002"]
+    env = to_env(str(CONFIGS / "tiny.yaml"), [], {"port": 8001, "upstream_servers": servers})
+    assert json.loads(env["RELAYGR_SERVING_UPSTREAM_SERVERS"]) == servers
+    _, resolved = load_from_env(env)
+    assert resolved.upstream_servers == servers and resolved.upstream_address == "127.0.0.1:8001"
+    with pytest.raises(ConfigError, match="RELAYGR_SERVING_UPSTREAM_SERVERS"):
+        load_from_env({**env, "RELAYGR_SERVING_UPSTREAM_SERVERS": "127.0.0.1:8001"})
+
+
 @pytest.mark.parametrize("bad, match", [
+    ({"upstream_servers": []}, "upstream_servers"), ({"upstream_servers": ["a", "a"]}, "upstream_servers"),
     ({"port": 0}, "serving.port=0"), ({"threads": 0}, "serving.threads=0"), ({"instance_id": "a b"}, "instance_id"),
     ({"admin_token": "short"}, "<hidden>"), ({"max_content_length": 10}, "max_content_length"),
     ({"log_level": "loud"}, "log_level"), ({"nope": 1}, "unknown serving settings"),

@@ -164,6 +164,9 @@ def test_cluster_passes_ranks_from_an_overloaded_instance_on_and_ctrl_c_stops_it
             assert resp.headers[headers.CACHE] == "miss"
         metrics = s.get(f"http://{overloaded}/metrics", timeout=TIMEOUT).text
         assert 'relaygr_rejections_total{endpoint="/v1/rank",reason="overloaded"}' in metrics
+        for server in members:  # the cluster told each instance its upstream block: last tries get the whole SLO
+            admission = s.get(f"http://{server}/v1/stats", timeout=TIMEOUT).json()["admission"]
+            assert admission["last_resort_budget_ms"] > admission["budget_ms"], admission
         # Errors nginx produces itself keep the API's JSON shape.
         big = s.post(f"{url}/v1/rank", data=b"x" * (4 * 1024 * 1024 + 10), timeout=TIMEOUT)
         assert big.status_code == 413 and big.json()["field"] == "body"
