@@ -232,9 +232,10 @@ class ServingConfig:
     admin_token: str | None = None  # bearer token of /v1/admin/*; null: no token (bind to loopback then)
     retry_after_s: int = 1  # Retry-After of 503 answers (overloaded, warming up)
     # The servers of the nginx upstream block this instance is one of (`hash ... consistent`), written
-    # as nginx.conf writes them; "host:port" of this instance must be one of them. A rank whose
-    # affinity key puts this instance last in nginx's try order has been refused by every other
-    # instance: it is admitted against the whole SLO (trigger.slo_ms), not the admission budget.
+    # as nginx.conf writes them; "host:port" of this instance must be one of them. A rank routed by
+    # that nginx (X-RelayGR-Routed: affinity) whose key puts this instance last in nginx's try order
+    # has been refused by every other instance: it is admitted against the whole SLO
+    # (trigger.slo_ms), not the admission budget. Direct requests are always held to the budget.
     # `relaygr cluster` sets it (the instance's host:port, after flags, must be listed); null: every
     # rank is held to the admission budget.
     upstream_servers: list[str] | None = None
@@ -271,6 +272,8 @@ class ServingConfig:
         return f"{self.host}:{self.port}"
 
 
+# GPU is accepted here and refused at start-up unless the installed MindSpore can use one
+# (runtime.configure_context): official releases after 2.3 support CPU and Ascend only.
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 MODES = ("graph", "pynative")
 
@@ -386,6 +389,9 @@ class RelayGRConfig:
     def __post_init__(self) -> None:
         _require(self.cache.max_prefix_len in self.model.len_buckets, "cache.max_prefix_len",
                  self.cache.max_prefix_len, f"must be one of model.len_buckets {self.model.len_buckets}")
+        _require(not (self.model.fused_kernels and self.context.device_target != "CPU"), "model.fused_kernels",
+                 self.model.fused_kernels, f"the fused kernels are CPU kernels; context.device_target is "
+                 f"{self.context.device_target} (use null or false there)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

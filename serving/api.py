@@ -93,12 +93,13 @@ def rank() -> Response:
 def _admit(st: AppState) -> None:
     """Refuse the rank now (503 + Retry-After) unless it can still finish inside the ranking SLO; decided
     before the body is parsed, so a refused rank costs the instance next to nothing. A rank that every
-    other instance behind nginx has refused (this one is last in its key's try order) may use the
-    whole SLO: refusing it would fail the request."""
+    other instance behind nginx has refused (routed by the affinity hash, and this instance last in
+    its key's try order) may use the whole SLO: refusing it would fail the request."""
     if st.admission is None:
         return
     key = request.headers.get(headers.AFFINITY)
-    last_resort = st.upstream is not None and bool(key) and st.upstream.is_last_try(key, st.settings.upstream_address)
+    last_resort = (st.upstream is not None and bool(key) and request.headers.get(headers.ROUTED) == "affinity"
+                   and st.upstream.is_last_try(key, st.settings.upstream_address))
     if st.admission.try_admit(last_resort=last_resort):
         return
     view = st.admission.snapshot()

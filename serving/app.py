@@ -79,8 +79,8 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
     app.json = _JSONProvider(app)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_content_length
     app.extensions["relaygr"] = AppState(config, settings, Limits.from_config(config), holder,
-                                         ServingMetrics(holder, instance_id), instance_id, admission_control(config, settings),
-                                         upstream_ring(settings))
+                                         ServingMetrics(holder, instance_id), instance_id,
+                                         admission_control(config, settings), upstream_ring(settings))
     register_error_handler(app, settings.retry_after_s)
     app.register_blueprint(api.bp)
     return app

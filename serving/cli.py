@@ -18,13 +18,13 @@ from pathlib import Path
 
 from mindspore_relaygr.config import RelayGRConfig, load_config
 from mindspore_relaygr.errors import RelayGRError
+from mindspore_relaygr.shipped_configs import shipped_config
 
-REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 logger = logging.getLogger(__name__)
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=str(REPO_CONFIGS / "tiny.yaml"), help="YAML config file")
+    parser.add_argument("--config", default=str(shipped_config("tiny.yaml")), help="YAML config file")
     parser.add_argument("--bundle", default=None, help="serve a bundle from `relaygr export` (its config and "
                                                         "weights; replaces --config)")
     parser.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -59,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction, bench_subparsers: argparse.
     cluster.add_argument("--port", type=int, default=8080, help="nginx port; instances use the next N ports")
     cluster.add_argument("--host", default="127.0.0.1", help="bind address of nginx and the instances")
     cluster.add_argument("--run-dir", default=None, help="configs, PIDs and logs (default outputs/cluster-PORT)")
-    cluster.add_argument("--stop", action="store_true", help="stop the cluster recorded in --run-dir and exit")
+    cluster.add_argument("--stop", action="store_true",
+                         help="stop the cluster on --port (or the one recorded in --run-dir) and exit")
     cluster.add_argument("--detach", action="store_true", help="return once ready; stop later with --stop")
     cluster.add_argument("--max-fails", type=int, default=0,
                          help="nginx max_fails of every server (0: never eject; an overload 503 counts as a failure)")
@@ -115,11 +116,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     """Start (or --stop) N instances behind nginx; in the foreground, Ctrl-C stops everything."""
-    from serving.cluster import Cluster, ClusterSpec, stop_cluster
+    from serving.cluster import Cluster, ClusterSpec, registered_run_dir, stop_cluster
     from serving.settings import resolve_settings
 
     run_dir = Path(args.run_dir or f"outputs/cluster-{args.port}").resolve()
     if args.stop:
+        if args.run_dir is None:  # the cluster on --port, wherever it was started from
+            run_dir = registered_run_dir(args.port) or run_dir
         stopped = stop_cluster(run_dir)
         print(f"[cluster] stopped {', '.join(stopped) or 'nothing (already gone)'}", file=sys.stderr)
         return 0
@@ -141,7 +144,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         how = "hash on the X-RelayGR-Affinity header" if spec.balance == "affinity" else "random instance"
         print(f"[cluster] ready: http://{spec.host}:{spec.port} (nginx, {how})", file=sys.stderr, flush=True)
         if args.detach:
-            print(f"[cluster] detached; stop with: relaygr cluster --stop --run-dir {run_dir}", file=sys.stderr)
+            print(f"[cluster] detached; stop with: relaygr cluster --stop --port {spec.port}", file=sys.stderr)
             detached = True
             return 0
         return cluster.monitor()

@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 TEMPLATE = Path(__file__).with_name("nginx.conf.template")
 STATE_FILE = "cluster.json"
+ENV_REGISTRY = "RELAYGR_CLUSTER_REGISTRY"  # where running clusters are recorded by port (for --stop --port)
+DEFAULT_REGISTRY = "~/.cache/mindspore-relaygr/clusters"
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 BALANCES = ("affinity", "random")  # affinity: consistent hash on the affinity header; random: no affinity
 
@@ -119,6 +121,8 @@ def render_nginx_conf(spec: ClusterSpec, template: Path = TEMPLATE) -> str:
         "AFFINITY_VAR": headers.nginx_variable(headers.AFFINITY),
         "BALANCE": balance_directive(spec.balance),
         "RETRY_AFTER_HEADER": headers.RETRY_AFTER,
+        "ROUTED_HEADER": headers.ROUTED,
+        "BALANCE_NAME": spec.balance,
         "SERVERS": "\n".join(f"        server {s} max_fails={spec.max_fails} fail_timeout={spec.fail_timeout_s:g}s "
                              f"max_conns={spec.max_conns};" for s in spec.servers),
         "MAX_BODY": str(spec.max_body_bytes),
@@ -255,6 +259,7 @@ class Cluster:
         tmp = self.run_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.run_dir / STATE_FILE)
+        register_run_dir(self.spec.port, self.run_dir)
 
     # ------------------------------------------------------------------ run, stop
     def monitor(self, poll_s: float = 0.5) -> int:
@@ -283,7 +288,42 @@ class Cluster:
         """nginx first (no new traffic), then the instances; returns the names stopped."""
         stopped = stop_members(list(reversed(self.members)), self.run_dir, timeout_s)
         (self.run_dir / STATE_FILE).unlink(missing_ok=True)
+        unregister_run_dir(self.spec.port, self.run_dir)
         return stopped
+
+
+def registry_dir() -> Path:
+    return Path(os.environ.get(ENV_REGISTRY) or DEFAULT_REGISTRY).expanduser()
+
+
+def register_run_dir(port: int, run_dir: Path) -> None:
+    """Record that the cluster on `port` keeps its state in `run_dir`, so `relaygr cluster --stop --port`
+    finds it from any working directory. Best effort: a read-only home only loses that convenience."""
+    try:
+        registry_dir().mkdir(parents=True, exist_ok=True)
+        (registry_dir() / f"{port}.json").write_text(json.dumps({"run_dir": str(Path(run_dir).resolve())}))
+    except OSError as exc:
+        logger.warning("could not record the cluster in %s (%s); stop it with --run-dir %s", registry_dir(), exc,
+                       run_dir)
+
+
+def _recorded_run_dir(port: int) -> Path | None:
+    try:
+        return Path(json.loads((registry_dir() / f"{port}.json").read_text())["run_dir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def registered_run_dir(port: int) -> Path | None:
+    """The run directory recorded for a cluster on `port`, if it still holds a cluster state file."""
+    run_dir = _recorded_run_dir(port)
+    return run_dir if run_dir is not None and (run_dir / STATE_FILE).exists() else None
+
+
+def unregister_run_dir(port: int, run_dir: Path) -> None:
+    """Forget the record of `port` if it names `run_dir` (another cluster may have taken the port since)."""
+    if _recorded_run_dir(port) == Path(run_dir).resolve():
+        (registry_dir() / f"{port}.json").unlink(missing_ok=True)
 
 
 def read_state(run_dir: Path) -> list[Member]:
@@ -305,6 +345,9 @@ def stop_cluster(run_dir: Path, timeout_s: float = 20.0) -> list[str]:
     nginx_first = sorted(members, key=lambda m: m.name != "nginx")
     stopped = stop_members(nginx_first, run_dir, timeout_s)
     (run_dir / STATE_FILE).unlink(missing_ok=True)
+    port = next((m.port for m in members if m.name == "nginx"), None)
+    if port is not None:
+        unregister_run_dir(port, run_dir)
     return stopped
 
 
@@ -403,10 +446,27 @@ def _check_running(member: Member) -> None:
                            f"last lines of {member.log}:\n{_tail(member.log)}")
 
 
-def _wait_http(url: str, deadline: float, member: Member) -> None:
+def warmup_progress(log_path: str) -> str | None:
+    """The instance's last "warm-up: graph k of N compiled ..." log message, if any."""
+    found = None
+    for line in _tail(log_path, 200).splitlines():
+        at = line.find("warm-up: graph ")
+        if at >= 0:
+            found = line[at + len("warm-up: "):]
+    return found
+
+
+def _wait_http(url: str, deadline: float, member: Member, report_every_s: float = 5.0) -> None:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never an env proxy
+    next_report, reported = time.monotonic() + report_every_s, None
     while True:
         _check_running(member)
+        if time.monotonic() >= next_report:  # an instance compiles its graphs for tens of seconds: show where
+            progress = warmup_progress(member.log)
+            if progress and progress != reported:
+                logger.info("%s warming up: %s", member.name, progress)
+                reported = progress
+            next_report = time.monotonic() + report_every_s
         try:
             with opener.open(url, timeout=2) as resp:
                 if resp.status == 200:

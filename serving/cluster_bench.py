@@ -47,10 +47,10 @@ from mindspore_relaygr.bench.loadgen import Outcome, run_open_loop, summarize
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig, load_config, save_config
 from mindspore_relaygr.errors import ConfigError
+from mindspore_relaygr.shipped_configs import shipped_config
 from serving.http_target import HTTPTarget
 
 Progress = Callable[[str], None]
-REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 HOST = "127.0.0.1"
 MODES = ("baseline", "relay", "relay_no_affinity")
 # mode -> (instance set, nginx balancing, pre-infer sent)
@@ -387,7 +387,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     """Add `relaygr bench cluster` to the `relaygr bench` subcommands."""
     p = bench_subparsers.add_parser("cluster", help="open-loop load on N HTTP instances behind nginx: baseline, "
                                                     "relay and relay without affinity (random instance)")
-    add_instance_config_args(p, REPO_CONFIGS / "bench_long.yaml")
+    add_instance_config_args(p, shipped_config("bench_long.yaml"))
     p.add_argument("--instances", type=int, default=2, help="instances per cluster")
     p.add_argument("--loads", type=float, nargs="+", default=[1.0, 2.0, 3.0, 4.0], help="offered QPS levels")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))

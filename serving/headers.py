@@ -25,6 +25,10 @@ AFFINITY = "X-RelayGR-Affinity"  # request: the user id (encode_affinity) the lo
 INSTANCE = "X-RelayGR-Instance"  # response: the instance that answered
 CACHE = "X-RelayGR-Cache"  # response of /v1/rank: the cache tier that served it (relay.types.CACHE_TIERS)
 RETRY_AFTER = "Retry-After"  # response of a 503: seconds before retrying this instance
+# request, set by the cluster's nginx on every proxied request: it chose this instance by the affinity
+# hash and moves on to the next one on a 503, so a rank here that is last in its key's try order was
+# refused by every other instance (direct requests, without it, are never treated so)
+ROUTED = "X-RelayGR-Routed"
 
 _AFFINITY_SAFE = string.punctuation.replace("%", "")  # letters and digits are always safe for quote()
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")

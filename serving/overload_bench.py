@@ -34,7 +34,8 @@ from mindspore_relaygr.bench.loadgen import Outcome, percentile, run_open_loop
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig, load_config, save_config
 from mindspore_relaygr.errors import ConfigError
-from serving.cluster_bench import HOST, REPO_CONFIGS, add_instance_config_args, at_load, check_workload, free_port_block
+from mindspore_relaygr.shipped_configs import shipped_config
+from serving.cluster_bench import HOST, add_instance_config_args, at_load, check_workload, free_port_block
 from serving.headers import encode_affinity
 from serving.http_target import HTTPTarget, user_id
 
@@ -270,7 +271,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     """Add `relaygr bench overload` to the `relaygr bench` subcommands."""
     p = bench_subparsers.add_parser("overload", help="goodput, 503s and tail latency of one instance from 0.5x to "
                                                      "3x its saturating throughput, and forwarding behind nginx")
-    add_instance_config_args(p, REPO_CONFIGS / "tiny.yaml")
+    add_instance_config_args(p, shipped_config("tiny.yaml"))
     p.add_argument("--multiples", type=float, nargs="+", default=list(DEFAULT_MULTIPLES),
                    help="offered loads as multiples of the saturating throughput")
     p.add_argument("--ranks", type=int, default=1500, help="ranks per load point (>= 1000 for a P99)")
@@ -297,7 +298,8 @@ def cmd_bench_overload(args: argparse.Namespace) -> int:
     run_dir = out.with_name(out.stem + "_run").resolve()
     bench = OverloadSpec(config_path=str(Path(args.config).resolve()), run_dir=run_dir,
                          overrides=tuple(args.override), multiples=tuple(args.multiples), ranks=args.ranks,
-                         saturate=args.saturate, forwarded_ranks=args.forwarded_ranks, connections=args.connections, calibrate_s=args.calibrate_s,
+                         saturate=args.saturate, forwarded_ranks=args.forwarded_ranks,
+                         connections=args.connections, calibrate_s=args.calibrate_s,
                          max_workers=args.max_workers, median_len=args.median_len, num_candidates=args.candidates,
                          engine_factory=args.engine_factory)
     report = run_overload_bench(bench, say)

@@ -162,7 +162,8 @@ def cluster(tmp: Path, num_instances: int, config: Path | None = None, overrides
         cmd += ["--engine-factory", engine_factory]
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/sbin", **(env or {})},
+                                env={**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/sbin",
+                                     "RELAYGR_CLUSTER_REGISTRY": str(tmp / "registry"), **(env or {})},
                                 start_new_session=True)
     try:
         wait_cluster(proc, log, run_dir, port, ready_timeout + 30)

@@ -111,9 +111,11 @@ def keys_by_position(servers: list[str], me: str) -> tuple[str, str]:
     return first, last
 
 
-def post_user_rank(client, user: str) -> int:
+def post_user_rank(client, user: str, routed: str | None = "affinity") -> int:
+    """A rank as the cluster's nginx proxies it (routed="affinity"), or sent directly (None)."""
+    hdrs = {"X-RelayGR-Affinity": user} | ({"X-RelayGR-Routed": routed} if routed else {})
     resp = client.post("/v1/rank", data=json.dumps(rank_body(user)).encode(), content_type="application/json",
-                       headers={"X-RelayGR-Affinity": user})
+                       headers=hdrs)
     return resp.status_code
 
 
@@ -128,6 +130,8 @@ def test_behind_nginx_the_last_instance_to_try_uses_the_whole_slo():
         assert engine.entered.acquire(timeout=30)
     assert post_user_rank(client, own) == 503  # its next instance may still serve it in time
     assert post_rank(client, rank_body(forwarded))[0] == 503  # no affinity header: no try order to be last in
+    assert post_user_rank(client, forwarded, routed=None) == 503  # sent directly, not by nginx: nothing was tried
+    assert post_user_rank(client, forwarded, routed="random") == 503  # nginx balancing at random: no try order
     extra = [threading.Thread(target=post_user_rank, args=(client, forwarded)) for _ in range(8)]
     for t in extra:  # 9..16 in flight x 5 ms <= 80 ms: every other instance refused these, so this one serves
         t.start()
@@ -135,7 +139,7 @@ def test_behind_nginx_the_last_instance_to_try_uses_the_whole_slo():
         assert engine.entered.acquire(timeout=30)
     assert post_user_rank(client, forwarded) == 503  # 17 x 5 ms > 80 ms: beyond the SLO it refuses too
     stats = client.get("/v1/stats").get_json()["admission"]
-    assert (stats["admitted"], stats["rejected"], stats["admitted_last_resort"]) == (16, 3, 8)
+    assert (stats["admitted"], stats["rejected"], stats["admitted_last_resort"]) == (16, 5, 8)
     assert stats["last_resort_budget_ms"] == 80.0
     engine.release.set()
     for t in threads + extra:

@@ -34,8 +34,9 @@ def test_affinity_is_the_default_and_random_replaces_the_hash(tmp_path):
     rand = render_nginx_conf(ClusterSpec(port=9000, num_instances=2, run_dir=tmp_path, balance="random"))
     directives = [line.strip() for line in rand.splitlines() if line.strip() and not line.strip().startswith("#")]
     assert "random;" in directives and not any(d.startswith("hash ") for d in directives)
-    # Only the balancing line differs; the affinity header is still logged.
-    assert rand.replace("random;", HASH) == default
+    # Only the balancing line and the routing header differ; the affinity header is still logged.
+    routed = 'proxy_set_header X-RelayGR-Routed "{}";'
+    assert rand.replace("random;", HASH).replace(routed.format("random"), routed.format("affinity")) == default
     assert "affinity=$http_x_relaygr_affinity" in rand
     assert BALANCES == ("affinity", "random")
     with pytest.raises(ClusterError, match="balance='ring'"):

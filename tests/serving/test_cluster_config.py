@@ -38,6 +38,7 @@ def test_rendered_nginx_conf_hashes_on_the_affinity_header(tmp_path):
     assert "server 127.0.0.1:9001 max_fails=2 fail_timeout=7.5s max_conns=48;" in conf
     assert "server 127.0.0.1:9002 max_fails=2 fail_timeout=7.5s max_conns=48;" in conf
     assert "proxy_next_upstream error timeout http_503 non_idempotent;" in conf
+    assert 'proxy_set_header X-RelayGR-Routed "affinity";' in conf
     assert "listen 127.0.0.1:9000;" in conf and "client_max_body_size 1234567;" in conf
     assert f"pid {tmp_path.resolve()}/nginx.pid;" in conf and re.search(r"@[A-Z_]+@", conf) is None
 
@@ -120,3 +121,14 @@ def test_a_bundle_that_is_not_one_is_rejected_before_serving(tmp_path):
     out = subprocess.run([sys.executable, "-m", "serving.cli", "serve", "--bundle", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "manifest.json is missing" in out.stderr
+
+
+def test_warmup_progress_is_the_last_warmup_line_of_an_instance_log(tmp_path):
+    from serving.cluster import warmup_progress
+
+    log = tmp_path / "i0.log"
+    assert warmup_progress(str(log)) is None  # no log yet
+    prefix = "[2026] [INFO] mindspore_relaygr.model.ranker: warm-up: "
+    log.write_text(f"[INFO] building the engine\n{prefix}graph 1 of 12 compiled (full (64, 8)), 1.0 s\n"
+                   f"{prefix}graph 2 of 12 compiled (full (128, 8)), 2.5 s\n[INFO] something else\n")
+    assert warmup_progress(str(log)) == "graph 2 of 12 compiled (full (128, 8)), 2.5 s"

@@ -178,6 +178,21 @@ def test_cluster_passes_ranks_from_an_overloaded_instance_on_and_ctrl_c_stops_it
         assert not (run_dir / "cluster.json").exists()
 
 
+def test_a_detached_cluster_stops_by_port_from_any_directory(tmp_path):
+    with cluster(tmp_path, 1, engine_factory=FAKE_FACTORY) as (url, proc, run_dir, port):
+        members = _instances(run_dir)
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        env = {**os.environ, "RELAYGR_CLUSTER_REGISTRY": str(tmp_path / "registry"),
+               "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        stop = subprocess.run([sys.executable, "-m", "serving.cli", "cluster", "--stop", "--port", str(port)],
+                              cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+        assert stop.returncode == 0 and "nginx" in stop.stderr and "i0" in stop.stderr, stop.stderr
+        assert proc.wait(30) == 0
+        assert not any(group_members(pid) for _, pid in members.values())
+        assert not (tmp_path / "registry" / f"{port}.json").exists()  # the record goes with the cluster
+
+
 def test_cluster_refuses_a_busy_run_dir_and_reports_a_missing_one(tmp_path):
     with cluster(tmp_path, 1, engine_factory=FAKE_FACTORY) as (url, proc, run_dir, port):
         again = subprocess.run([sys.executable, "-m", "serving.cli", "cluster", "--instances", "1",

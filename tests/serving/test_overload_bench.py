@@ -62,7 +62,8 @@ def test_harness_on_fake_engines_sheds_past_capacity_and_nginx_forwards(tmp_path
     overload_bench.register(parser.add_subparsers(dest="bench", required=True))
     args = parser.parse_args(["overload", "--config", str(TINY), "--engine-factory", FAKE_FACTORY,
                               "-o", "trigger.slo_ms=200",  # a budget of 140 ms: about 7 ranks at once
-                              "--multiples", "0.5", "3", "--ranks", "150", "--calibrate-s", "2", "--forwarded-ranks", "60",
+                              "--multiples", "0.5", "3", "--ranks", "150", "--calibrate-s", "2",
+                              "--forwarded-ranks", "60",
                               "--median-len", "40", "--candidates", "8", "--out", str(out)])
     assert args.func(args) == 0
     report = json.loads(out.read_text())
