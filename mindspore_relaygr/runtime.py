@@ -8,6 +8,7 @@ import logging
 import os
 
 from mindspore_relaygr.config import ContextConfig
+from mindspore_relaygr.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 _applied: ContextConfig | None = None
@@ -67,6 +68,44 @@ def reserve_host_memory(nbytes: int) -> float:
     return time.perf_counter() - t0
 
 
+ASCEND_PRECISION_MODE = "must_keep_origin_dtype"  # no automatic fp16/bf16 casts of fp32 operators
+
+
+def device_available(target: str) -> bool:
+    """Whether the installed MindSpore can run on `target` here (its backend is built and a device found)."""
+    if target == "CPU":
+        return True
+    from mindspore import hal
+
+    return bool(hal.is_available(target))
+
+
+def require_device(target: str) -> None:
+    """Refuse a device target this MindSpore cannot use, naming the reason, before any graph is built."""
+    if device_available(target):
+        return
+    import mindspore as ms
+
+    if target == "GPU":
+        raise ConfigError(f"context.device_target=GPU: MindSpore {ms.__version__} cannot use a GPU here. "
+                          "Official MindSpore releases after 2.3 support CPU and Ascend only; use CPU or Ascend")
+    raise ConfigError(f"context.device_target={target}: MindSpore {ms.__version__} finds no usable {target} "
+                      "device (is the Ascend CANN toolkit installed and its environment sourced?)")
+
+
+def keep_fp32_on_ascend() -> None:
+    """Make Ascend run fp32 operators in fp32. Its default precision mode may compute them in fp16,
+    which breaks the relay's exactness invariant (cached and full scores equal within 1e-5)."""
+    try:
+        from mindspore.device_context.ascend.op_precision import precision_mode
+    except ImportError:  # MindSpore < 2.5
+        import mindspore as ms
+
+        ms.set_context(ascend_config={"precision_mode": ASCEND_PRECISION_MODE})
+    else:
+        precision_mode(ASCEND_PRECISION_MODE)
+
+
 def configure_context(cfg: ContextConfig) -> None:
     """Apply device target, mode and compile cache once per process (later calls must agree)."""
     global _applied
@@ -79,9 +118,12 @@ def configure_context(cfg: ContextConfig) -> None:
         retain_host_memory()
     import mindspore as ms
 
+    require_device(cfg.device_target)
     mode = ms.GRAPH_MODE if cfg.mode == "graph" else ms.PYNATIVE_MODE
     ms.set_context(mode=mode)
     ms.set_device(cfg.device_target, cfg.device_id)
+    if cfg.device_target == "Ascend":
+        keep_fp32_on_ascend()
     if cfg.enable_compile_cache:
         path = os.path.expanduser(cfg.compile_cache_dir)
         os.makedirs(path, exist_ok=True)

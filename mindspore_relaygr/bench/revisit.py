@@ -48,6 +48,7 @@ from typing import Any
 
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig
+from mindspore_relaygr.shipped_configs import shipped_config
 
 Progress = Callable[[str], None]
 TIER_ORDER = ("device", "dram", "partial", "inflight", "miss")  # the tiers a relayed rank can land in
@@ -59,7 +60,6 @@ TIER_COLORS = {
     "miss": "tab:red",
 }
 DEFAULT_ZIPF = [0.0, 0.6, 1.0, 1.3, 1.6, 2.0]
-REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def trim(workload: Workload, duration_s: float | None) -> Workload:
@@ -272,7 +272,7 @@ def cmd_bench_revisit(args: argparse.Namespace) -> int:
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
     """Add `revisit` to the `relaygr bench` sub-commands."""
     p = bench_subparsers.add_parser("revisit", help="share of ranks per cache tier vs the measured revisit rate")
-    p.add_argument("--config", default=str(REPO_CONFIGS / "bench_long.yaml"), help="YAML config file")
+    p.add_argument("--config", default=str(shipped_config("bench_long.yaml")), help="YAML config file")
     p.add_argument(
         "-o",
         "--override",

@@ -268,15 +268,19 @@ class RelayGRModel:
         unknown = set(graphs) - set(GRAPH_KINDS)
         if unknown:
             raise ValueError(f"graphs={sorted(unknown)}: unknown; choose from {GRAPH_KINDS}")
-        t0, count = time.perf_counter(), 0
-        for kind in graphs:
-            for shape in self.graph_shapes(kind):
-                if kind == "prefix" and max_chunk is not None and shape[1] > max_chunk:
-                    continue
-                self._run_dummy(kind, shape)
-                count += 1
+        t0 = time.perf_counter()
+        todo = [(kind, shape) for kind in graphs for shape in self.graph_shapes(kind)
+                if not (kind == "prefix" and max_chunk is not None and shape[1] > max_chunk)]
+        total = len(todo) + (2 * len(self.prefix_buckets) if "prefix" in graphs else 0)
+        for done, (kind, shape) in enumerate(todo, 1):
+            self._run_dummy(kind, shape)
+            logger.info("warm-up: graph %d of %d compiled (%s %s), %.1f s", done, total, kind, shape,
+                        time.perf_counter() - t0)
+        count = len(todo)
         if "prefix" in graphs:
             count += self._warm_slot_copies()
+            logger.info("warm-up: graph %d of %d compiled (slot copies), %.1f s", count, total,
+                        time.perf_counter() - t0)
         seconds = time.perf_counter() - t0
         self.call_stats.mark_warm()
         logger.info("warm-up compiled %d graph shapes in %.1f s", count, seconds)

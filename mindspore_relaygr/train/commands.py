@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from mindspore_relaygr.config import RelayGRConfig, load_config
+from mindspore_relaygr.shipped_configs import shipped_config
 
-REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 BASELINES = ("popularity", "sasrec")
 SASREC_CHECKPOINT = "sasrec.ckpt"
 
@@ -169,7 +169,7 @@ def _config_args(parser: argparse.ArgumentParser, default: str | None) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the train / eval / export subcommands to the `relaygr` parser."""
     train = subparsers.add_parser("train", help="train the ranker (best checkpoint, config and metrics JSON)")
-    _config_args(train, str(REPO_CONFIGS / "ml1m.yaml"))
+    _config_args(train, str(shipped_config("ml1m.yaml")))
     train.add_argument("--output-dir", help="where to write (overrides train.output_dir)")
     train.add_argument("--resume", action="store_true",
                        help="continue from last.ckpt and train_state.json in the output directory")
@@ -178,7 +178,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.set_defaults(func=cmd_train)
 
     base = subparsers.add_parser("baseline", help="train the SASRec baseline (same loss, data, model selection)")
-    _config_args(base, str(REPO_CONFIGS / "ml1m.yaml"))
+    _config_args(base, str(shipped_config("ml1m.yaml")))
     base.add_argument("--output-dir", default="outputs/sasrec", help="sasrec.ckpt, config.yaml, sasrec_metrics.json")
     base.set_defaults(func=cmd_baseline)
 
@@ -206,7 +206,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ex.set_defaults(func=cmd_export)
 
     ln = subparsers.add_parser("lengths", help="quality vs history length: train + evaluate one ranker per length")
-    _config_args(ln, str(REPO_CONFIGS / "ml1m.yaml"))
+    _config_args(ln, str(shipped_config("ml1m.yaml")))
     ln.add_argument("--lengths", type=_positive_lengths, nargs="+", default=[50, 100, 200, 400, 800, 2314],
                     help="longest history (events) of each ranker")
     ln.add_argument("--output-dir", default="outputs/lengths", help="one len_<L>/ run per length, and the curve")
