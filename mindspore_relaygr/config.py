@@ -195,6 +195,10 @@ class RelayConfig:
     # itself are predicted to drain within admission_fraction * trigger.slo_ms; others get 503 at once.
     # null: admit everything (requests then queue without bound under overload).
     admission_fraction: float | None = 0.7
+    # A rank on its last try behind nginx (every other instance refused it; serving.upstream_servers)
+    # fails if refused, so it is admitted while predicted to drain within last_try_factor *
+    # trigger.slo_ms: late rather than failed, yet bounded, so a cluster-wide overload still sheds.
+    last_try_factor: float = 2.0
     # Fraction of the ranks served from a device slot that are recomputed by full inference when the
     # device is idle (exactness audit); a difference over 1e-5 drops the entry. 0: no audit.
     audit_fraction: float = 0.0
@@ -205,6 +209,7 @@ class RelayConfig:
         _require(self.max_online_len >= 1, "relay.max_online_len", self.max_online_len, "must be >= 1")
         _require(self.inflight_wait_ms >= 0, "relay.inflight_wait_ms", self.inflight_wait_ms, "must be >= 0")
         _require(0.0 <= self.audit_fraction <= 1.0, "relay.audit_fraction", self.audit_fraction, "must be in [0, 1]")
+        _require(self.last_try_factor >= 1, "relay.last_try_factor", self.last_try_factor, "must be >= 1")
         if self.admission_fraction is not None:
             _require(0 < self.admission_fraction <= 1, "relay.admission_fraction", self.admission_fraction,
                      "must be in (0, 1]")
@@ -234,8 +239,8 @@ class ServingConfig:
     # The servers of the nginx upstream block this instance is one of (`hash ... consistent`), written
     # as nginx.conf writes them; "host:port" of this instance must be one of them. A rank routed by
     # that nginx (X-RelayGR-Routed: affinity) whose key puts this instance last in nginx's try order
-    # has been refused by every other instance: it is admitted against the whole SLO
-    # (trigger.slo_ms), not the admission budget. Direct requests are always held to the budget.
+    # has been refused by every other instance: it is admitted against relay.last_try_factor x
+    # trigger.slo_ms, not the admission budget. Direct requests are always held to the budget.
     # `relaygr cluster` sets it (the instance's host:port, after flags, must be listed); null: every
     # rank is held to the admission budget.
     upstream_servers: list[str] | None = None

@@ -94,7 +94,7 @@ def _admit(st: AppState) -> None:
     """Refuse the rank now (503 + Retry-After) unless it can still finish inside the ranking SLO; decided
     before the body is parsed, so a refused rank costs the instance next to nothing. A rank that every
     other instance behind nginx has refused (routed by the affinity hash, and this instance last in
-    its key's try order) may use the whole SLO: refusing it would fail the request."""
+    its key's try order) gets the looser relay.last_try_factor x SLO: refusing it would fail the request."""
     if st.admission is None:
         return
     key = request.headers.get(headers.AFFINITY)

@@ -88,14 +88,14 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
 
 def admission_control(config: RelayGRConfig, settings: ServingConfig) -> AdmissionControl | None:
     """The rank admission of this instance: a budget of relay.admission_fraction x trigger.slo_ms, and
-    the whole SLO for a rank on its last try behind nginx (serving.upstream_servers set).
+    relay.last_try_factor x trigger.slo_ms for a rank on its last try behind nginx (serving.upstream_servers).
 
     Until ranks have been served, a rank is assumed to cost an eighth of the budget (eight at once)."""
     fraction = config.relay.admission_fraction
     if fraction is None:
         return None
     budget_ms = fraction * config.trigger.slo_ms
-    last_resort_ms = config.trigger.slo_ms if settings.upstream_servers else budget_ms
+    last_resort_ms = config.relay.last_try_factor * config.trigger.slo_ms if settings.upstream_servers else budget_ms
     return AdmissionControl(budget_ms, initial_cost_ms=budget_ms / 8, last_resort_budget_ms=last_resort_ms)
 
 

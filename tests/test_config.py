@@ -39,6 +39,7 @@ def test_overrides_are_typed():
     ("serving.instance_id=a b", "serving.instance_id='a b'"),
     ("router.instances=[a]", "router: unknown section"),  # the unused router section is gone
     ("relay.audit_fraction=1.5", "relay.audit_fraction=1.5: must be in [0, 1]"),
+    ("relay.last_try_factor=0.5", "relay.last_try_factor=0.5: must be >= 1"),
 ])
 def test_bad_values_name_key_and_value(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):

@@ -15,7 +15,8 @@ per-rank cost, so a request arriving behind `n` unfinished ranks is predicted to
 
 The budget is a fraction of the SLO so that a refused rank still has time to be served by the next
 instance. A rank that reached its last instance (every other one refused it) has no next one:
-refusing it fails the request, so it is measured against `last_resort_budget_ms` (the whole SLO).
+refusing it fails the request, so it is measured against the looser `last_resort_budget_ms` (serving
+sets relay.last_try_factor x the SLO): served late rather than failed, within a bound.
 """
 
 from __future__ import annotations

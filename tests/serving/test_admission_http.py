@@ -95,8 +95,9 @@ def test_admission_off_admits_everything():
 
 
 def make_member_app(slo_ms: float = 80.0):
-    """Instance 127.0.0.1:8001 of a two-instance nginx upstream, budget 0.5 x SLO."""
+    """Instance 127.0.0.1:8001 of a two-instance nginx upstream, budget 0.5 x SLO, last tries 1 x SLO."""
     config = load_config(CONFIGS / "tiny.yaml", [f"trigger.slo_ms={slo_ms}", "relay.admission_fraction=0.5",
+                                                 "relay.last_try_factor=1.0",
                                                  'serving.upstream_servers=["127.0.0.1:8001", "127.0.0.1:8002"]'])
     engine = BlockingEngine(config, instance_id="a0")
     settings = resolve_settings(config, instance_id="a0", host="127.0.0.1", port=8001)
@@ -119,7 +120,7 @@ def post_user_rank(client, user: str, routed: str | None = "affinity") -> int:
     return resp.status_code
 
 
-def test_behind_nginx_the_last_instance_to_try_uses_the_whole_slo():
+def test_behind_nginx_the_last_instance_to_try_uses_the_last_try_budget():
     app, engine = make_member_app()  # budget 40 ms, SLO 80 ms; before any departure a rank counts 5 ms
     client = app.test_client()
     own, forwarded = keys_by_position(["127.0.0.1:8001", "127.0.0.1:8002"], "127.0.0.1:8001")
