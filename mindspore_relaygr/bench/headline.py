@@ -1,9 +1,13 @@
 """The paper's headline experiments, relay vs baseline side by side in one run (in-process engine).
 
-* SLO-compliant throughput: sweep the offered QPS; a mode complies at a load if its ranking P99
-  <= SLO with no errors; its SLO-compliant throughput is the highest complying load.
-* Longest sequence: at a fixed load, sweep the history length; report the longest length each
-  mode ranks with P99 <= SLO.
+* SLO-compliant throughput: sweep the offered QPS; a point complies if it has no errors and the
+  upper end of its ranking P99's bootstrap interval is within the SLO (`tailstats`); a mode's
+  SLO-compliant throughput is the highest load at and below which every tested load complies.
+* Longest sequence: at a fixed load, sweep the history length; the same rule gives each mode's
+  longest compliant length.
+A mode stops once a point fails even the largest budget of the per-budget table (no later point
+could count); the load sweep goes on past the given loads, 1.5x at a time, until both modes have
+failed (at most MAX_EXTRA_LOADS more).
 Baseline = full inference of the request's history on the ranking path (relay disabled), capped at
 the length under test; relay = pre-infer at retrieval time, rank from the cache. The two modes of
 each point run back to back, alternating which goes first, on one model and one workload.
@@ -17,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from mindspore_relaygr.bench import tailstats
 from mindspore_relaygr.bench.engine_bench import engine_for, longest_step, run_one
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig
@@ -26,6 +31,9 @@ ABLATIONS = ("full", "no_trigger", "no_expander")
 SLO_FACTOR = 2.0  # the budget leaves the full path at the production cap as much again for queueing
 CAP_CALLS = 40  # unloaded full-path calls at the cap behind the derived budget
 SLO_SCALES = (0.6, 0.8, 1.0, 1.25, 1.5, 2.0)  # budgets around the run's SLO in the sensitivity table
+MODES = ("baseline", "relay")
+MAX_EXTRA_LOADS = 4  # loads added past --loads while a mode still complies
+LOAD_GROWTH = 1.5
 
 
 def derive_slo_ms(full_ms: float, factor: float = SLO_FACTOR, step_ms: float = 5.0) -> float:
@@ -68,20 +76,20 @@ def time_full_path(model: Any, num_events: int, num_candidates: int, calls: int 
 
 
 def best_by_slo(points: list[dict[str, Any]], axis: str, slos: list[float]) -> list[dict[str, Any]]:
-    """For each budget, each mode's highest `axis` value (QPS or length) with P99 <= budget and no
-    errors, from the same measured points, and the relay/baseline ratio."""
-    rows = []
-    for slo in slos:
-        best = {m: max((p[axis] for p in points if p["mode"] == m and complies(p, slo)), default=0)
-                for m in ("baseline", "relay")}
-        rows.append({"slo_ms": slo, **best, "ratio": _ratio(best)})
-    return rows
+    """For each budget, each mode's compliant `axis` value (QPS or length) from the same measured
+    points, the first failing value above it, the relay/baseline ratio and the range of ratios the
+    grid allows."""
+    return [judge(points, axis, slo) for slo in slos]
 
 
-def _ratio(best: dict[str, float]) -> float:
-    if best["baseline"]:
-        return best["relay"] / best["baseline"]
-    return float("inf") if best["relay"] else float("nan")
+def judge(points: list[dict[str, Any]], axis: str, slo_ms: float) -> dict[str, Any]:
+    """One budget: {"slo_ms", "baseline", "relay", "first_failing": {mode: value | None}, "ratio",
+    "ratio_range": [low, high]}."""
+    brackets = {m: tailstats.bracket([p for p in points if p["mode"] == m], axis, slo_ms) for m in MODES}
+    return {"slo_ms": slo_ms, **{m: brackets[m][0] for m in MODES},
+            "first_failing": {m: brackets[m][1] for m in MODES},
+            "ratio": tailstats.ratio(brackets["relay"][0], brackets["baseline"][0]),
+            "ratio_range": list(tailstats.ratio_range(brackets["relay"], brackets["baseline"]))}
 
 
 def _slo_grid(slo_ms: float) -> list[float]:
@@ -114,9 +122,12 @@ def ablated(config: RelayGRConfig, variant: str) -> RelayGRConfig:
 
 
 def _pair(config: RelayGRConfig, model: Any, latency: Any, workload: Workload, first_relay: bool,
-          time_limit_s: float | None, relay_config: RelayGRConfig | None = None) -> dict[str, dict]:
+          time_limit_s: float | None, relay_config: RelayGRConfig | None = None,
+          modes: tuple[str, ...] = MODES) -> dict[str, dict]:
     out = {}
     for relay in ((True, False) if first_relay else (False, True)):
+        if ("relay" if relay else "baseline") not in modes:
+            continue
         cfg = (relay_config or config) if relay else config
         engine = engine_for(cfg, model, latency, relay)
         try:
@@ -127,43 +138,66 @@ def _pair(config: RelayGRConfig, model: Any, latency: Any, workload: Workload, f
 
 
 def complies(summary: dict[str, Any], slo_ms: float) -> bool:
-    return summary["errors"] == 0 and summary["rejected_503"] == 0 and summary["p99_ms"] <= slo_ms
+    return tailstats.complies(summary, slo_ms)
+
+
+def _p99_text(s: dict[str, Any]) -> str:
+    return f"p99 {s['p99_ms']:.0f} ms [{s['p99_low_ms']:.0f}, {s['p99_high_ms']:.0f}] of {s['samples']} ranks"
 
 
 def slo_throughput(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec, loads: list[float],
                    slo_ms: float, time_limit_s: float | None, progress: Progress) -> dict[str, Any]:
     base_cfg = replace(config, relay=replace(config.relay, max_online_len=spec.max_len))
-    points = []
-    for i, qps in enumerate(loads):
-        pair = _pair(base_cfg, model, latency, Workload.generate(replace(spec, qps=qps)), i % 2 == 1, time_limit_s)
+    top = max(_slo_grid(slo_ms))
+    points: list[dict[str, Any]] = []
+    failed: set[str] = set()  # failed the largest budget: no later point of the mode can count
+    todo, extra, i = sorted(loads), 0, 0
+    while todo and len(failed) < len(MODES):
+        qps = todo.pop(0)
+        modes = tuple(m for m in MODES if m not in failed)
+        pair = _pair(base_cfg, model, latency, Workload.generate(replace(spec, qps=qps)), i % 2 == 1, time_limit_s,
+                     modes=modes)
+        i += 1
         for mode, s in pair.items():
             points.append({"mode": mode, "qps": qps, **s, "complies": complies(s, slo_ms)})
-            progress(f"slo-throughput {qps:g} QPS {mode:>8}: p99 {s['p99_ms']:.0f} ms "
+            if not complies(s, top):
+                failed.add(mode)
+            progress(f"slo-throughput {qps:g} QPS {mode:>8}: {_p99_text(s)} "
                      f"({'ok' if complies(s, slo_ms) else 'over'}), hit rate {s['hit_rate']:.2f}, "
                      f"longest device step {longest_step(s)}")
-    best = {m: max((p["qps"] for p in points if p["mode"] == m and p["complies"]), default=0.0)
-            for m in ("baseline", "relay")}
-    return {"slo_ms": slo_ms, "points": points, "compliant_qps": best, "ratio": _ratio(best),
-            "by_slo": best_by_slo(points, "qps", _slo_grid(slo_ms))}
+        if not todo and len(failed) < len(MODES) and extra < MAX_EXTRA_LOADS:
+            todo.append(round(qps * LOAD_GROWTH, 2))  # a mode still complies: go on until both fail
+            extra += 1
+    at_slo = judge(points, "qps", slo_ms)
+    return {"slo_ms": slo_ms, "points": points, "compliant_qps": {m: at_slo[m] for m in MODES},
+            "first_failing_qps": at_slo["first_failing"], "ratio": at_slo["ratio"],
+            "ratio_range": at_slo["ratio_range"], "by_slo": best_by_slo(points, "qps", _slo_grid(slo_ms))}
 
 
 def max_seq(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec, lengths: list[int], qps: float,
             slo_ms: float, time_limit_s: float | None, progress: Progress) -> dict[str, Any]:
-    points = []
-    for i, length in enumerate(lengths):
+    top = max(_slo_grid(slo_ms))
+    points: list[dict[str, Any]] = []
+    failed: set[str] = set()
+    for i, length in enumerate(sorted(lengths)):
+        modes = tuple(m for m in MODES if m not in failed)
+        if not modes:
+            break
         fixed = replace(spec, qps=qps, median_len=length, length_sigma=0.0, min_len=length, max_len=length,
                         growth_per_visit=0)
         base_cfg = replace(config, relay=replace(config.relay, max_online_len=length))
-        pair = _pair(base_cfg, model, latency, Workload.generate(fixed), i % 2 == 1, time_limit_s)
+        pair = _pair(base_cfg, model, latency, Workload.generate(fixed), i % 2 == 1, time_limit_s, modes=modes)
         for mode, s in pair.items():
             points.append({"mode": mode, "length": length, **s, "complies": complies(s, slo_ms)})
-            progress(f"max-seq {length} events {mode:>8}: p99 {s['p99_ms']:.0f} ms "
+            if not complies(s, top):
+                failed.add(mode)
+            progress(f"max-seq {length} events {mode:>8}: {_p99_text(s)} "
                      f"({'ok' if complies(s, slo_ms) else 'over'}), tiers {s['tiers']}, "
                      f"longest device step {longest_step(s)}")
-    best = {m: max((p["length"] for p in points if p["mode"] == m and p["complies"]), default=0)
-            for m in ("baseline", "relay")}
-    return {"slo_ms": slo_ms, "qps": qps, "points": points, "max_len": best, "ratio": _ratio(best),
-            "by_slo": best_by_slo(points, "length", _slo_grid(slo_ms))}
+    at_slo = judge(points, "length", slo_ms)
+    return {"slo_ms": slo_ms, "qps": qps, "points": points, "max_len": {m: at_slo[m] for m in MODES},
+            "first_failing_len": at_slo["first_failing"], "ratio": at_slo["ratio"],
+            "ratio_range": at_slo["ratio_range"], "by_slo": best_by_slo(points, "length", _slo_grid(slo_ms))}
 
 
 def ablation(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec, slo_ms: float,
@@ -191,27 +225,17 @@ def format_report(report: dict[str, Any]) -> str:
                   + ", ".join(f"{when} the sweep {t['median_ms']:.1f} ms" for when, t in runs), ""]
     if "slo_throughput" in report:
         r = report["slo_throughput"]
-        lines += [f"SLO-compliant throughput (P99 <= {r['slo_ms']:g} ms, no errors)",
-                  f"{'QPS':>6} | {'baseline p99':>12} {'ok':>3} | {'relay p99':>9} {'ok':>3} | relay hit rate"]
-        by = {(p["mode"], p["qps"]): p for p in r["points"]}
-        for qps in sorted({p["qps"] for p in r["points"]}):
-            b, x = by[("baseline", qps)], by[("relay", qps)]
-            lines.append(f"{qps:>6g} | {b['p99_ms']:>12.0f} {'y' if b['complies'] else 'n':>3} | "
-                         f"{x['p99_ms']:>9.0f} {'y' if x['complies'] else 'n':>3} | {x['hit_rate']:.2f}")
+        lines += [f"SLO-compliant throughput (P99 interval's upper end <= {r['slo_ms']:g} ms, no errors)",
+                  *_point_lines(r["points"], "qps", "QPS")]
         c = r["compliant_qps"]
-        lines += [f"compliant QPS: baseline {c['baseline']:g}, relay {c['relay']:g} -> ratio {r['ratio']:.2f}x",
+        lines += [f"compliant QPS: baseline {c['baseline']:g}, relay {c['relay']:g} -> ratio {_ratio_text(r)}",
                   *_by_slo_lines(r, "QPS"), ""]
     if "max_seq" in report:
         r = report["max_seq"]
-        lines += [f"Longest sequence at {r['qps']:g} QPS with P99 <= {r['slo_ms']:g} ms",
-                  f"{'events':>7} | {'baseline p99':>12} {'ok':>3} | {'relay p99':>9} {'ok':>3}"]
-        by = {(p["mode"], p["length"]): p for p in r["points"]}
-        for length in sorted({p["length"] for p in r["points"]}):
-            b, x = by[("baseline", length)], by[("relay", length)]
-            lines.append(f"{length:>7} | {b['p99_ms']:>12.0f} {'y' if b['complies'] else 'n':>3} | "
-                         f"{x['p99_ms']:>9.0f} {'y' if x['complies'] else 'n':>3}")
+        lines += [f"Longest sequence at {r['qps']:g} QPS (P99 interval's upper end <= {r['slo_ms']:g} ms)",
+                  *_point_lines(r["points"], "length", "events")]
         m = r["max_len"]
-        lines += [f"longest: baseline {m['baseline']}, relay {m['relay']} -> ratio {r['ratio']:.2f}x",
+        lines += [f"longest: baseline {m['baseline']}, relay {m['relay']} -> ratio {_ratio_text(r)}",
                   *_by_slo_lines(r, "events"), ""]
     if "ablation" in report:
         lines += ["Ablation (relay with one mechanism off)",
@@ -222,11 +246,32 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _point_lines(points: list[dict[str, Any]], axis: str, unit: str) -> list[str]:
+    """One row per tested value: each mode's P99 [interval] and ranks, and whether it complies."""
+    by = {(p["mode"], p[axis]): p for p in points}
+
+    def cell(p: dict[str, Any] | None) -> str:
+        if p is None:
+            return f"{'(not run: failed below)':>36}"
+        return (f"{p['p99_ms']:>6.0f} [{p['p99_low_ms']:>5.0f}, {p['p99_high_ms']:>5.0f}] {p['samples']:>5} "
+                f"{'y' if p['complies'] else 'n':>3}")
+
+    head = f"{unit:>7} | {'baseline p99 [95% CI] ranks ok':>36} | {'relay p99 [95% CI] ranks ok':>36}"
+    return [head] + [f"{v:>7g} | {cell(by.get(('baseline', v)))} | {cell(by.get(('relay', v)))}"
+                     for v in sorted({p[axis] for p in points})]
+
+
+def _ratio_text(r: dict[str, Any]) -> str:
+    low, high = r["ratio_range"]
+    return f"{r['ratio']:.2f}x (the grid allows {low:.2f}-{high:.2f}x)"
+
+
 def _by_slo_lines(result: dict[str, Any], unit: str) -> list[str]:
     rows = result.get("by_slo") or []
     if not rows:
         return []
     lines = [f"same points judged at other budgets (the trigger ran with {result['slo_ms']:g} ms):",
-             f"{'SLO ms':>7} | {'baseline':>8} | {'relay':>8} | ratio ({unit})"]
-    lines += [f"{r['slo_ms']:>7g} | {r['baseline']:>8g} | {r['relay']:>8g} | {r['ratio']:.2f}x" for r in rows]
+             f"{'SLO ms':>7} | {'baseline':>8} | {'relay':>8} | ratio ({unit}) | range the grid allows"]
+    lines += [f"{r['slo_ms']:>7g} | {r['baseline']:>8g} | {r['relay']:>8g} | {r['ratio']:>11.2f}x | "
+              f"{r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f}x" for r in rows]
     return lines

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from mindspore_relaygr.bench.tailstats import p99_summary
 from mindspore_relaygr.bench.workload import Request, Workload
 
 
@@ -81,7 +82,8 @@ def summarize(outcomes: list[Outcome], offered_qps: float) -> dict[str, Any]:
         "ranks": len(ranks),
         "errors": sum(1 for o in ranks if not o.ok and o.status != 503),
         "rejected_503": sum(1 for o in ranks if o.status == 503),
-        "p50_ms": percentile(good, 50), "p90_ms": percentile(good, 90), "p99_ms": percentile(good, 99),
+        "p50_ms": percentile(good, 50), "p90_ms": percentile(good, 90),
+        **p99_summary(good),  # p99_ms with its bootstrap interval p99_low_ms .. p99_high_ms
         "max_ms": max(good, default=float("nan")),
         "tiers": dict(tiers),
         "hit_rate": sum(tiers[k] for k in ("device", "dram", "inflight", "partial")) / max(len(good), 1),

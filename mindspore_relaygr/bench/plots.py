@@ -24,11 +24,10 @@ def plot_slo_throughput(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 3 if by_slo else 2, figsize=(16 if by_slo else 11, 4))
     ax, bx = axes[0], axes[1]
     for mode, style in (("baseline", "o-"), ("relay", "s-")):
-        pts = sorted((p["qps"], p["p99_ms"]) for p in result["points"] if p["mode"] == mode)
-        ax.plot([q for q, _ in pts], [v for _, v in pts], style, label=f"{mode} (compliant up to "
-                f"{result['compliant_qps'][mode]:g} QPS)")
+        _p99_with_interval(ax, result["points"], "qps", mode, style,
+                           f"{mode} (compliant up to {result['compliant_qps'][mode]:g} QPS)")
     ax.axhline(result["slo_ms"], color="red", linestyle="--", label=f"SLO {result['slo_ms']:g} ms")
-    ax.set(xlabel="offered load (QPS)", ylabel="rank P99 (ms)",
+    ax.set(xlabel="offered load (QPS)", ylabel="rank P99 (ms), 95% bootstrap interval",
            title=f"SLO-compliant throughput: {result['ratio']:.2f}x")
     ax.legend(fontsize=8)
     relay = sorted((p for p in result["points"] if p["mode"] == "relay"), key=lambda p: p["qps"])
@@ -94,10 +93,9 @@ def plot_max_seq(result: dict[str, Any], path: Path) -> None:
                              gridspec_kw={"width_ratios": [2, 1, 1.5] if by_slo else [2, 1]})
     ax, bx = axes[0], axes[1]
     for mode, style in (("baseline", "o-"), ("relay", "s-")):
-        pts = sorted((p["length"], p["p99_ms"]) for p in result["points"] if p["mode"] == mode)
-        ax.plot([n for n, _ in pts], [v for _, v in pts], style, label=mode)
+        _p99_with_interval(ax, result["points"], "length", mode, style, mode)
     ax.axhline(result["slo_ms"], color="red", linestyle="--", label=f"SLO {result['slo_ms']:g} ms")
-    ax.set(xlabel="history length (events)", ylabel="rank P99 (ms)", xscale="log",
+    ax.set(xlabel="history length (events)", ylabel="rank P99 (ms), 95% bootstrap interval", xscale="log",
            title=f"latency vs sequence length at {result['qps']:g} QPS")
     ax.legend(fontsize=8)
     modes = ["baseline", "relay"]
@@ -108,6 +106,14 @@ def plot_max_seq(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _p99_with_interval(ax: Any, points: list[dict[str, Any]], axis: str, mode: str, style: str, label: str) -> None:
+    """One mode's P99 against `axis` with its bootstrap interval as error bars."""
+    pts = sorted((p for p in points if p["mode"] == mode), key=lambda p: p[axis])
+    x, y = [p[axis] for p in pts], [p["p99_ms"] for p in pts]
+    err = [[p["p99_ms"] - p["p99_low_ms"] for p in pts], [p["p99_high_ms"] - p["p99_ms"] for p in pts]]
+    ax.errorbar(x, y, yerr=err, fmt=style, capsize=3, label=label)
 
 
 def _plot_by_slo(ax: Any, result: dict[str, Any], ylabel: str) -> None:

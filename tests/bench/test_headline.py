@@ -61,20 +61,27 @@ def test_time_full_path_reports_the_median_of_the_timed_calls(monkeypatch):
         headline.time_full_path(model, 30, 7, calls=0)
 
 
-def _point(mode: str, qps: float, p99: float, errors: int = 0) -> dict:
-    return {"mode": mode, "qps": qps, "p99_ms": p99, "errors": errors, "rejected_503": 0}
+def _point(mode: str, qps: float, p99_high: float, errors: int = 0) -> dict:
+    """A measured point whose P99 interval ends at `p99_high` (judging reads the upper end)."""
+    return {"mode": mode, "qps": qps, "p99_ms": p99_high - 10, "p99_low_ms": p99_high - 20, "p99_high_ms": p99_high,
+            "samples": 1000, "errors": errors, "rejected_503": 0}
 
 
-def test_best_by_slo_judges_the_same_points_at_each_budget():
+def test_best_by_slo_judges_the_same_points_at_each_budget_on_the_interval_s_upper_end():
     points = [_point("baseline", 2, 80), _point("baseline", 4, 120), _point("baseline", 8, 200),
               _point("relay", 2, 40), _point("relay", 4, 60), _point("relay", 8, 110, errors=1),
               _point("relay", 16, 140)]
     rows = {r["slo_ms"]: r for r in best_by_slo(points, "qps", [50, 100, 150, 250])}
     assert (rows[50]["baseline"], rows[50]["relay"]) == (0, 2) and math.isinf(rows[50]["ratio"])
     assert (rows[100]["baseline"], rows[100]["relay"], rows[100]["ratio"]) == (2, 4, 2.0)
-    # 8 QPS has an error: never compliant for the relay, whatever the budget; 16 QPS complies at 150
-    assert (rows[150]["baseline"], rows[150]["relay"], rows[150]["ratio"]) == (4, 16, 4.0)
-    assert (rows[250]["baseline"], rows[250]["relay"], rows[250]["ratio"]) == (8, 16, 2.0)
+    # 8 QPS has an error: the relay's compliant load stops below it at every budget, though 16 QPS
+    # would meet 150 ms on its own (a lucky point above a failing one does not count)
+    assert (rows[150]["baseline"], rows[150]["relay"], rows[150]["ratio"]) == (4, 4, 1.0)
+    assert rows[150]["first_failing"] == {"baseline": 8, "relay": 8}
+    assert rows[150]["ratio_range"] == [0.5, 2.0]  # relay 4 / baseline 8 .. relay 8 / baseline 4
+    assert (rows[250]["baseline"], rows[250]["relay"]) == (8, 4)
+    assert rows[250]["first_failing"] == {"baseline": None, "relay": 8}
+    assert math.isnan(rows[250]["ratio_range"][0]) and rows[250]["ratio_range"][1] == 1.0
 
 
 def test_best_by_slo_with_no_compliant_point_is_nan():
