@@ -261,9 +261,19 @@ def _point_lines(points: list[dict[str, Any]], axis: str, unit: str) -> list[str
                      for v in sorted({p[axis] for p in points})]
 
 
+def ratio_label(ratio: float, ratio_range: list[float]) -> str:
+    """"4.00x", or ">= 3.00x" when the baseline complied at no tested value (the lower end is then relay's
+    compliant value over the baseline's first failing one), or "n/a" when neither mode complied."""
+    if math.isnan(ratio):
+        return "n/a"
+    if math.isinf(ratio):
+        return f">= {ratio_range[0]:.2f}x" if not math.isnan(ratio_range[0]) else "unbounded"
+    return f"{ratio:.2f}x"
+
+
 def _ratio_text(r: dict[str, Any]) -> str:
     low, high = r["ratio_range"]
-    return f"{r['ratio']:.2f}x (the grid allows {low:.2f}-{high:.2f}x)"
+    return f"{ratio_label(r['ratio'], r['ratio_range'])} (the grid allows {low:.2f}-{high:.2f}x)"
 
 
 def _by_slo_lines(result: dict[str, Any], unit: str) -> list[str]:
@@ -272,6 +282,7 @@ def _by_slo_lines(result: dict[str, Any], unit: str) -> list[str]:
         return []
     lines = [f"same points judged at other budgets (the trigger ran with {result['slo_ms']:g} ms):",
              f"{'SLO ms':>7} | {'baseline':>8} | {'relay':>8} | ratio ({unit}) | range the grid allows"]
-    lines += [f"{r['slo_ms']:>7g} | {r['baseline']:>8g} | {r['relay']:>8g} | {r['ratio']:>11.2f}x | "
+    lines += [f"{r['slo_ms']:>7g} | {r['baseline']:>8g} | {r['relay']:>8g} | "
+              f"{ratio_label(r['ratio'], r['ratio_range']):>12} | "
               f"{r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f}x" for r in rows]
     return lines

@@ -28,7 +28,7 @@ def plot_slo_throughput(result: dict[str, Any], path: Path) -> None:
                            f"{mode} (compliant up to {result['compliant_qps'][mode]:g} QPS)")
     ax.axhline(result["slo_ms"], color="red", linestyle="--", label=f"SLO {result['slo_ms']:g} ms")
     ax.set(xlabel="offered load (QPS)", ylabel="rank P99 (ms), 95% bootstrap interval",
-           title=f"SLO-compliant throughput: {result['ratio']:.2f}x")
+           title=f"SLO-compliant throughput: {_ratio_label(result)}")
     ax.legend(fontsize=8)
     relay = sorted((p for p in result["points"] if p["mode"] == "relay"), key=lambda p: p["qps"])
     bottom = [0.0] * len(relay)
@@ -100,12 +100,18 @@ def plot_max_seq(result: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8)
     modes = ["baseline", "relay"]
     bx.bar(modes, [result["max_len"][m] for m in modes], color=["tab:blue", "tab:orange"])
-    bx.set(ylabel="longest length with P99 <= SLO", title=f"longest sequence: {result['ratio']:.2f}x")
+    bx.set(ylabel="longest compliant length", title=f"longest sequence: {_ratio_label(result)}")
     if by_slo:
         _plot_by_slo(axes[2], result, "longest compliant length (events)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _ratio_label(result: dict[str, Any]) -> str:
+    from mindspore_relaygr.bench.headline import ratio_label
+
+    return ratio_label(result["ratio"], result.get("ratio_range", [float("nan"), float("nan")]))
 
 
 def _p99_with_interval(ax: Any, points: list[dict[str, Any]], axis: str, mode: str, style: str, label: str) -> None:

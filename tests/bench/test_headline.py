@@ -87,3 +87,10 @@ def test_best_by_slo_judges_the_same_points_at_each_budget_on_the_interval_s_upp
 def test_best_by_slo_with_no_compliant_point_is_nan():
     rows = best_by_slo([_point("baseline", 2, 300), _point("relay", 2, 300)], "qps", [100])
     assert rows[0]["baseline"] == rows[0]["relay"] == 0 and math.isnan(rows[0]["ratio"])
+
+
+def test_ratio_labels_say_what_the_grid_shows():
+    assert headline.ratio_label(4.0, [2.0, 5.0]) == "4.00x"
+    assert headline.ratio_label(float("inf"), [3.0, float("inf")]) == ">= 3.00x"
+    assert headline.ratio_label(float("inf"), [float("nan"), float("inf")]) == "unbounded"
+    assert headline.ratio_label(float("nan"), [float("nan"), float("nan")]) == "n/a"
