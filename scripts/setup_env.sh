@@ -5,9 +5,14 @@
 # (RELAYGR_VENV, default ~/.cache/mindspore-relaygr/venv-py311; rebuilt when requirements.txt
 # changes), and each checkout gets its own small venv, .venv, that sees the shared packages and
 # holds only the editable install of this checkout: two clones never run each other's code.
+# The set-up runs in a strict subshell: sourcing this file never changes the caller's shell options,
+# and a failed step returns an error instead of closing the caller's terminal.
+_relaygr_repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+_relaygr_venv="${RELAYGR_VENV:-$HOME/.cache/mindspore-relaygr/venv-py311}"
+_relaygr_setup() (
 set -euo pipefail
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${RELAYGR_VENV:-$HOME/.cache/mindspore-relaygr/venv-py311}"
+repo="$_relaygr_repo"
+venv="$_relaygr_venv"
 python="${PYTHON:-python3.11}"
 command -v "$python" >/dev/null 2>&1 || python=python3
 stamp="$venv/.requirements.sha256"
@@ -45,7 +50,15 @@ if ! log="$("$local_venv/bin/python" -m pip install --quiet --no-deps --no-build
   echo "[setup] installing this checkout failed" >&2
   exit 1
 fi
-export RELAYGR_PY="$local_venv/bin/python"
-export PATH="$local_venv/bin:$venv/bin:$PATH"
+)
+# A plain command, not an `if` condition: bash ignores `set -e` inside a condition's subshell.
+_relaygr_setup
+_relaygr_rc=$?
+if [ "$_relaygr_rc" -ne 0 ]; then
+  echo "[setup] failed; see the messages above" >&2
+  return "$_relaygr_rc" 2>/dev/null || exit "$_relaygr_rc"
+fi
+export RELAYGR_PY="$_relaygr_repo/.venv/bin/python"
+export PATH="$_relaygr_repo/.venv/bin:$_relaygr_venv/bin:$PATH"
 export GLOG_v="${GLOG_v:-3}"
 echo "[setup] ready: $("$RELAYGR_PY" --version), $("$RELAYGR_PY" -c 'import mindspore; print("MindSpore", mindspore.__version__)' 2>/dev/null)"

@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.markdown import FENCE, INLINE_CODE, LINK, anchors, link_problems, slug
 
 ZOO = REPO / "model_zoo" / "relaygr_hstu"
 README = ZOO / "README.md"
@@ -23,10 +24,6 @@ DIARY_PHRASES = ("this run", "earlier run", "previous run", "target met", "targe
                  "this session")
 CREATED = ("outputs/", ".venv/")  # made by the documented commands, not in a clone
 FILE_EXTENSIONS = (".py", ".sh", ".yaml", ".yml", ".json", ".md", ".png", ".cc", ".txt", ".toml")
-FENCE = re.compile(r"^```.*?^```", re.M | re.S)
-INLINE_CODE = re.compile(r"`([^`\n]+)`")
-LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.M)
 TOKEN_SPLIT = re.compile(r"[\s=,;\"'()\[\]{}|<>]+")
 UPPER_SEGMENT = re.compile(r"^[A-Z][A-Z0-9_]*$")  # DIR, OUTPUT_DIR: placeholders (README, LICENSE are not)
 RELAYGR_COMMAND = re.compile(r"(?<![\w./-])relaygr[ \t]+([a-z][\w-]*)(?:[ \t]+([a-z][\w-]*))?")
@@ -98,38 +95,14 @@ def test_every_result_file_is_referenced():
                               f"{unreferenced}")
 
 
-def _slug(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, links reduced to their text, punctuation dropped, spaces to
-    hyphens."""
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).lower()
-    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
-@cache
-def _anchors(page: Path) -> frozenset[str]:
-    seen: dict[str, int] = {}
-    anchors = set()
-    for _, title in HEADING.findall(FENCE.sub("", page.read_text(encoding="utf-8"))):
-        slug = _slug(title)
-        anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
-        seen[slug] = seen.get(slug, 0) + 1
-    return frozenset(anchors)
 
 
 def test_every_link_stays_in_the_repository_and_resolves():
-    problems = []
-    for target in _links(_text()):
-        if re.match(r"[a-z][a-z+.-]*:", target):
-            problems.append(f"{target}: links outside the repository")
-            continue
-        path_part, _, anchor = target.partition("#")
-        resolved = (README.parent / path_part).resolve() if path_part else README
-        if not resolved.is_relative_to(REPO):
-            problems.append(f"{target}: points outside the repository")
-        elif not resolved.exists():
-            problems.append(f"{target}: does not exist")
-        elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
-            problems.append(f"{target}: no heading #{anchor} in {resolved.relative_to(REPO)}")
+    targets = _links(_text())
+    problems = [f"{t}: links outside the repository" for t in targets if re.match(r"[a-z][a-z+.-]*:", t)]
+    problems += link_problems(README, [t for t in targets if not re.match(r"[a-z][a-z+.-]*:", t)], REPO)
     assert not problems, f"{README.relative_to(REPO)}: " + "; ".join(problems)
 
 
@@ -194,6 +167,6 @@ def test_the_checker_sees_what_it_checks():
     for command, opts in _relaygr_calls(text):
         options.setdefault(command, set()).update(opts)
     assert "--lengths" in options.get("bench max-seq", set()) and "train" in options
-    assert _slug("Overload: admission control (`relaygr bench overload`)") == \
+    assert slug("Overload: admission control (`relaygr bench overload`)") == \
         "overload-admission-control-relaygr-bench-overload"
-    assert "overload-admission-control-relaygr-bench-overload" in _anchors(README)  # linked from README.md
+    assert "overload-admission-control-relaygr-bench-overload" in anchors(README)  # linked from README.md
