@@ -105,7 +105,7 @@ class CacheConfig:
     num_slots: int | None = 8  # null: derive from pool_bytes
     pool_bytes: float | None = None  # device byte budget of the pool (used when num_slots is null)
     max_prefix_len: int = 256  # tokens one slot holds (user token included); one of len_buckets
-    lifetime_ms: float = 5000.0  # a relayed prefix is kept at least this long for its rank
+    lifetime_ms: float = 5000.0  # eviction takes entries unused for longer first (earliest deadline), then LRU
     # A history that extends a cached prefix (device or DRAM) by more events than the rank's suffix
     # holds computes only those events against the cached prefix (at pre-infer time, or in the rank),
     # in chunks of trigger.prefill_chunk_len, while the latency model predicts that to beat a fresh

@@ -145,17 +145,15 @@ class RelayEngine:
                     and self.ledger.get(found) is None):
                 # Reload now, in the background: at rank time the copy would sit on the rank's path.
                 # A relay like a prefill, so the user's rank waits for it (boosted) instead of missing.
-                relay = self.ledger.admit(user_id, found, PREFETCH, self._predicted_copy_ms(found),
-                                          self.config.cache.lifetime_ms)
+                relay = self.ledger.admit(user_id, found, PREFETCH, self._predicted_copy_ms(found))
                 self._submit(relay, self._promote_steps(relay), "dram_prefetch")
             if decision.admitted and extend:
-                relay = self.ledger.admit(user_id, key, EXTEND, self._predicted_extension_ms(found, tier, len(hist)),
-                                          self.config.cache.lifetime_ms)
+                relay = self.ledger.admit(user_id, key, EXTEND, self._predicted_extension_ms(found, tier, len(hist)))
                 self._submit(relay, self._extension_steps(relay, found, hist), "extend_chunk")
             elif decision.admitted:
                 chunk_ms = self.latency.predict_prefill_chunks_ms(len(hist) + self._user_tokens,
                                                                   self.config.trigger.prefill_chunk_len)
-                relay = self.ledger.admit(user_id, key, PREFILL_RELAY, chunk_ms, self.config.cache.lifetime_ms)
+                relay = self.ledger.admit(user_id, key, PREFILL_RELAY, chunk_ms)
                 self._submit(relay, self._prefill_steps(relay, hist), "prefill_chunk")
         short_key = key.prefix_hash[:16] if decision.admitted else None
         return self._count_preinfer(PreinferResult(decision.admitted, decision.reason, short_key,

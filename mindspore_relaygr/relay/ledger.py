@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import enum
 import threading
-import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -54,7 +52,6 @@ class Relay:
     key: CacheKey
     kind: str  # one of KINDS
     step_ms: list[float]  # predicted cost of each chunk (or copied layer)
-    deadline: float  # clock time after which a waiting rank stops counting on it
     state: RelayState = RelayState.ADMITTED
     steps_done: int = 0
     future: Future = field(default_factory=Future)
@@ -86,8 +83,7 @@ class LedgerStats:
 class RelayLedger:
     """Relays by cache key (one live relay per key), indexed by user."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self.lock = threading.RLock()  # callers may hold it across a trigger decision and `admit`
         self._relays: dict[CacheKey, Relay] = {}
         self._by_user: dict[str, dict[CacheKey, Relay]] = {}
@@ -96,7 +92,7 @@ class RelayLedger:
         self._dropped = dict.fromkeys(DROP_REASONS, 0)
 
     # ---- transitions ----
-    def admit(self, user_id: str, key: CacheKey, kind: str, step_ms: list[float], lifetime_ms: float) -> Relay:
+    def admit(self, user_id: str, key: CacheKey, kind: str, step_ms: list[float]) -> Relay:
         """A new relay of `key` (ADMITTED); `key` must not have a live relay."""
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r}: must be one of {KINDS}")
@@ -105,7 +101,7 @@ class RelayLedger:
         with self.lock:
             if key in self._relays:
                 raise ValueError(f"cannot admit {key}: already relayed (state {self._relays[key].state.name})")
-            relay = Relay(user_id, key, kind, list(step_ms), self._clock() + lifetime_ms / 1e3)
+            relay = Relay(user_id, key, kind, list(step_ms))
             self._relays[key] = relay
             self._by_user.setdefault(user_id, {})[key] = relay
             self._admitted += 1

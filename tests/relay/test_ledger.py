@@ -26,10 +26,10 @@ def key(user="u", n=5):
 
 def test_transitions_and_wrong_ones_name_the_state():
     ledger = RelayLedger()
-    relay = ledger.admit("u", key(), PREFILL, [1.0, 2.0], 1000.0)
+    relay = ledger.admit("u", key(), PREFILL, [1.0, 2.0])
     assert relay.state is RelayState.ADMITTED and relay.remaining_ms() == 3.0
     with pytest.raises(ValueError, match="already relayed \\(state ADMITTED\\)"):
-        ledger.admit("u", key(), PREFILL, [1.0], 1000.0)
+        ledger.admit("u", key(), PREFILL, [1.0])
     with pytest.raises(ValueError, match="to READY: state is ADMITTED"):
         ledger.ready(key())
     with pytest.raises(ValueError, match="state is ADMITTED, need PREFILLING"):
@@ -44,13 +44,13 @@ def test_transitions_and_wrong_ones_name_the_state():
     with pytest.raises(ValueError, match="no live relay"):
         ledger.drop(key(), "failed")
     with pytest.raises(ValueError, match="does not belong"):
-        ledger.admit("w", key(), PREFILL, [1.0], 1000.0)
+        ledger.admit("w", key(), PREFILL, [1.0])
 
 
 def test_prefetches_stay_out_of_the_footprint_and_evictions_are_counted():
     ledger = RelayLedger()
-    ledger.admit("u", key(n=1), PREFETCH, [1.0], 1000.0)
-    ledger.admit("u", key(n=2), PREFILL, [1.0], 1000.0)
+    ledger.admit("u", key(n=1), PREFETCH, [1.0])
+    ledger.admit("u", key(n=2), PREFILL, [1.0])
     assert ledger.footprint().inflight == 1 and [r.key.prefix_len for r in ledger.of_user("u")] == [2, 1]
     for n in (1, 2):
         ledger.start(key(n=n))

@@ -48,7 +48,7 @@ class Admission:
             d = self.trigger.decide(prefix_len, num_candidates, self.ledger.footprint(), already_cached, inflight)
             if d.admitted:
                 self._n += 1
-                self.ledger.admit("u", CacheKey("u", "v", self._n, str(self._n)), PREFILL, [1.0], 1000.0)
+                self.ledger.admit("u", CacheKey("u", "v", self._n, str(self._n)), PREFILL, [1.0])
             return d
 
     def _oldest(self, state):
