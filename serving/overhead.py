@@ -202,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     report = run(args)
     print(format_table(report))
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    from mindspore_relaygr.bench.model_bench import write_report
+
+    write_report(report, Path(args.out))  # with the machine it ran on
     print(f"[overhead] wrote {args.out}")
     return 0
 

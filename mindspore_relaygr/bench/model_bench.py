@@ -175,5 +175,10 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:
+    """Write a benchmark's JSON, with the machine it ran on (`report["machine"]`, measured now unless the
+    report has it already)."""
+    from mindspore_relaygr.bench.machine import machine_info
+
+    report.setdefault("machine", machine_info())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))

@@ -62,8 +62,10 @@ def run_length_curve(config_path: str | Path, lengths: Sequence[int], output_dir
         report = json.loads((run_dir / EVAL_NAME).read_text())
         rows.append(curve_row(max_len, report, json.loads((run_dir / METRICS_NAME).read_text())))
         progress(f"length {max_len}: test HR@10 {rows[-1]['hr@10']:.4f} NDCG@10 {rows[-1]['ndcg@10']:.4f}")
+    from mindspore_relaygr.bench.machine import machine_info
+
     (out / CURVE_JSON).write_text(json.dumps({"config": str(config_path), "overrides": list(overrides),
-                                              "rows": rows}, indent=2) + "\n")
+                                              "rows": rows, "machine": machine_info()}, indent=2) + "\n")
     plot_length_curve(rows, out / CURVE_PLOT)
     return rows
 
