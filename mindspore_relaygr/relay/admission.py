@@ -7,11 +7,13 @@ is parsed, and counts every admitted rank that has not finished, wherever it is:
 for an in-flight prefill, queued on the device thread or computing. Nothing waits where it is not
 counted, so the view stays accurate however many server threads there are.
 
-The cost of one rank is learned from departures, not predicted from its shape: while the server is
-busy, the time between two consecutive completions is the time the server needs per rank, whatever
-the bottleneck is (device thread, interpreter lock, JSON). Its exponentially weighted mean is the
-per-rank cost, so a request arriving behind `n` unfinished ranks is predicted to finish after
-`(n + 1) * cost`. Plain Python, thread-safe, no MindSpore.
+Work is counted in units of request size (serving passes the body's size, so a rank of a long history
+weighs more than a short one), and the cost of a unit is learned from departures, not predicted from
+the model: while the server is busy, the time between two consecutive completions, divided by the
+size of the rank that completed, is the time per unit, whatever the bottleneck is (device thread,
+interpreter lock, JSON). Its exponentially weighted mean is the unit cost, so a request of size `s`
+arriving behind unfinished ranks of total size `W` is predicted to finish after `(W + s) * cost`.
+With every size 1 this counts ranks. Plain Python, thread-safe, no MindSpore.
 
 The budget is a fraction of the SLO so that a refused rank still has time to be served by the next
 instance. A rank that reached its last instance (every other one refused it) has no next one:
@@ -34,24 +36,26 @@ class AdmissionSnapshot:
     budget_ms: float
     last_resort_budget_ms: float
     in_flight: int
-    cost_ms: float
+    work: float  # sizes of the ranks in flight
+    cost_ms: float  # per unit of size
     admitted: int
     rejected: int
     admitted_last_resort: int  # admitted against last_resort_budget_ms, over budget_ms
 
     @property
     def work_ahead_ms(self) -> float:
-        return self.in_flight * self.cost_ms
+        return self.work * self.cost_ms
 
     def to_dict(self) -> dict[str, float | int]:
         return {"budget_ms": self.budget_ms, "last_resort_budget_ms": self.last_resort_budget_ms,
-                "in_flight": self.in_flight, "cost_ms": self.cost_ms, "work_ahead_ms": self.work_ahead_ms,
+                "in_flight": self.in_flight, "work": self.work, "cost_ms": self.cost_ms,
+                "work_ahead_ms": self.work_ahead_ms,
                 "admitted": self.admitted, "rejected": self.rejected,
                 "admitted_last_resort": self.admitted_last_resort}
 
 
 class AdmissionControl:
-    """Admit a rank iff (unfinished admitted ranks + 1) x the learned per-rank cost <= budget_ms.
+    """Admit a rank iff (sizes of the unfinished admitted ranks + its size) x the learned unit cost <= budget.
 
     An idle instance admits any rank: refusing it could not make it faster anywhere. A rank on its
     last try (`try_admit(last_resort=True)`) is held to `last_resort_budget_ms` instead (default:
@@ -73,16 +77,19 @@ class AdmissionControl:
         self._clock = clock
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._work = 0.0  # sum of the sizes in flight
         self._admitted = 0
         self._rejected = 0
         self._admitted_last_resort = 0
         self._busy_since: float | None = None  # last departure, or the start of the current busy period
 
-    def try_admit(self, last_resort: bool = False) -> bool:
-        """True (and the rank counts as in flight until `finish`) if it is predicted to meet the budget:
-        budget_ms, or last_resort_budget_ms for a rank that no other instance will be asked to serve."""
+    def try_admit(self, last_resort: bool = False, size: float = 1.0) -> bool:
+        """True (and the rank counts as in flight until `finish(size=...)`) if it is predicted to meet the
+        budget: budget_ms, or last_resort_budget_ms for a rank that no other instance will be asked to serve."""
+        if not size > 0:
+            raise ValueError(f"size={size!r}: must be > 0")
         with self._lock:
-            predicted_ms = (self._in_flight + 1) * self._cost_ms
+            predicted_ms = (self._work + size) * self._cost_ms
             budget_ms = self.last_resort_budget_ms if last_resort else self.budget_ms
             if self._in_flight > 0 and predicted_ms > budget_ms:
                 self._rejected += 1
@@ -92,25 +99,30 @@ class AdmissionControl:
             if self._in_flight == 0:
                 self._busy_since = self._clock()
             self._in_flight += 1
+            self._work += size
             self._admitted += 1
             return True
 
-    def finish(self, served: bool = True) -> None:
-        """An admitted rank left the server. A served one teaches the per-rank cost; one refused before
-        it reached the model (a 400, say) only leaves the queue, so bad requests cannot lower the cost."""
+    def finish(self, served: bool = True, size: float = 1.0) -> None:
+        """An admitted rank (of the `size` it was admitted with) left the server. A served one teaches the
+        unit cost; one refused before it reached the model (a 400, say) only leaves the queue, so bad
+        requests cannot lower the cost."""
         with self._lock:
             if self._in_flight <= 0:
                 raise RuntimeError("finish() without an admitted rank")
             now = self._clock()
             if served and self._busy_since is not None:
-                sample_ms = (now - self._busy_since) * 1e3
+                sample_ms = (now - self._busy_since) * 1e3 / size
                 self._cost_ms += self._smoothing * (sample_ms - self._cost_ms)
                 self._busy_since = now
             self._in_flight -= 1
+            self._work = max(self._work - size, 0.0)
             if self._in_flight == 0:
+                self._work = 0.0
                 self._busy_since = None
 
     def snapshot(self) -> AdmissionSnapshot:
         with self._lock:
-            return AdmissionSnapshot(self.budget_ms, self.last_resort_budget_ms, self._in_flight, self._cost_ms,
+            return AdmissionSnapshot(self.budget_ms, self.last_resort_budget_ms, self._in_flight, self._work,
+                                     self._cost_ms,
                                      self._admitted, self._rejected, self._admitted_last_resort)

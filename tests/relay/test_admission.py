@@ -120,3 +120,16 @@ def test_the_last_resort_budget_defaults_to_the_budget_and_cannot_be_smaller():
     assert ctl.try_admit() and ctl.try_admit() and not ctl.try_admit(last_resort=True)
     with pytest.raises(ValueError, match="last_resort_budget_ms"):
         AdmissionControl(budget_ms=20.0, initial_cost_ms=10.0, last_resort_budget_ms=10.0)
+
+
+def test_work_is_counted_in_sizes_and_the_unit_cost_learned_per_size():
+    clock = FakeClock()
+    ctl = AdmissionControl(budget_ms=100.0, initial_cost_ms=10.0, smoothing=1.0, clock=clock)
+    assert ctl.try_admit(size=4.0) and ctl.try_admit(size=5.0)  # (4 + 5) x 10 = 90 <= 100
+    assert not ctl.try_admit(size=2.0)  # (9 + 2) x 10 > 100, though only two ranks are ahead
+    assert ctl.snapshot().work == 9.0 and ctl.snapshot().work_ahead_ms == 90.0
+    clock.now += 0.040  # the size-4 rank took 40 ms: 10 ms per unit
+    ctl.finish(size=4.0)
+    assert ctl.snapshot().cost_ms == pytest.approx(10.0) and ctl.snapshot().work == 5.0
+    with pytest.raises(ValueError, match="size"):
+        ctl.try_admit(size=0.0)

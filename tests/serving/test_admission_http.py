@@ -11,6 +11,7 @@ import pytest
 from mindspore_relaygr.config import load_config
 from mindspore_relaygr.errors import ConfigError
 from mindspore_relaygr.relay.router import NginxConsistentHash
+from serving.api import ADMISSION_UNIT_BYTES
 from serving.app import create_app
 from serving.settings import resolve_settings
 from tests.conftest import CONFIGS
@@ -39,8 +40,14 @@ def make_app(fraction: float | None):
     return app, engine
 
 
-def post_rank(client, body) -> tuple[int, dict, dict]:
+def one_unit(body: dict | bytes) -> bytes:
+    """The body padded with JSON whitespace to one admission unit: every rank weighs 1, as if counted."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return data + b" " * max(ADMISSION_UNIT_BYTES - len(data), 0)
+
+
+def post_rank(client, body) -> tuple[int, dict, dict]:
+    data = one_unit(body)
     resp = client.post("/v1/rank", data=data, content_type="application/json")
     return resp.status_code, resp.get_json(), dict(resp.headers)
 
@@ -115,8 +122,7 @@ def keys_by_position(servers: list[str], me: str) -> tuple[str, str]:
 def post_user_rank(client, user: str, routed: str | None = "affinity") -> int:
     """A rank as the cluster's nginx proxies it (routed="affinity"), or sent directly (None)."""
     hdrs = {"X-RelayGR-Affinity": user} | ({"X-RelayGR-Routed": routed} if routed else {})
-    resp = client.post("/v1/rank", data=json.dumps(rank_body(user)).encode(), content_type="application/json",
-                       headers=hdrs)
+    resp = client.post("/v1/rank", data=one_unit(rank_body(user)), content_type="application/json", headers=hdrs)
     return resp.status_code
 
 
@@ -154,3 +160,18 @@ def test_upstream_servers_must_name_the_instance():
         create_app(config, engine=FakeEngine(config, instance_id="a0"), settings=settings)
     with pytest.raises(ConfigError, match="serving.upstream_servers"):
         load_config(CONFIGS / "tiny.yaml", ['serving.upstream_servers=["a", "a"]'])
+
+
+def test_a_long_rank_weighs_more_than_a_short_one():
+    app, engine = make_app(fraction=0.5)  # budget 40 ms, 5 ms per unit before any departure
+    client = app.test_client()
+    big = one_unit(rank_body("big")) + b" " * (7 * ADMISSION_UNIT_BYTES)  # 8 units: 40 ms of predicted work
+    results: list[int] = []
+    t = threading.Thread(target=lambda: results.append(client.post("/v1/rank", data=big,
+                                                                   content_type="application/json").status_code))
+    t.start()
+    assert engine.entered.acquire(timeout=30)
+    assert post_rank(client, rank_body("u1"))[0] == 503  # (8 + 1) x 5 ms > 40 ms; counted as ranks, 2 x 5 would fit
+    engine.release.set()
+    t.join(30)
+    assert results == [200]
