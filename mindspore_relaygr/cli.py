@@ -114,12 +114,23 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     from mindspore_relaygr.bench.workload import WorkloadSpec
 
     cfg = load_config(args.config, args.override)
+    model_max = cfg.model.max_seq_len - (1 if cfg.model.user_feature_sizes else 0)
+    timeline = None
+    if args.workload:
+        from mindspore_relaygr.bench.timeline import TimelineWorkload, format_description
+
+        timeline = TimelineWorkload.load(args.workload)
+        timeline.check_model(cfg.model.num_items, cfg.model.num_actions)
+        timeline = timeline.with_spec(max_len=min(args.max_len, timeline.spec.max_len, model_max),
+                                      num_candidates=args.candidates,
+                                      user_features=bool(cfg.model.user_feature_sizes))
+        print(f"[bench] timeline {args.workload}: {format_description(timeline.describe())}")
     spec = WorkloadSpec(num_users=args.users, num_requests=args.requests, median_len=args.median_len,
-                        max_len=min(args.max_len, cfg.model.max_seq_len - (1 if cfg.model.user_feature_sizes else 0)),
+                        max_len=min(args.max_len, model_max),
                         gap_ms=args.gap_ms, min_gap_ms=args.min_gap_ms, num_candidates=args.candidates,
                         num_items=cfg.model.num_items, num_actions=cfg.model.num_actions, seed=args.seed)
     report = run_engine_bench(cfg, spec, args.loads, args.time_limit,
-                              progress=lambda msg: print(f"[bench] {msg}", flush=True))
+                              progress=lambda msg: print(f"[bench] {msg}", flush=True), timeline=timeline)
     print(format_table(report))
     write_report(report, Path(args.out))
     save_config(cfg, Path(args.out).with_suffix(".config.yaml"))
@@ -305,6 +316,9 @@ def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
     engine.add_argument("--min-gap-ms", type=float, default=500.0, help="shortest gap (retrieval + pre-ranking)")
     engine.add_argument("--time-limit", type=float, default=120.0, help="seconds per run (bounded load)")
     engine.add_argument("--seed", type=int, default=0)
+    engine.add_argument("--workload", default=None, metavar="FILE",
+                        help="replay a saved timeline workload (relaygr workload timeline) instead of the synthetic "
+                             "one; its arrivals are rescaled to each load, --max-len caps its histories")
     engine.add_argument("--out", default="outputs/bench_engine.json")
     engine.set_defaults(func=cmd_bench_engine)
 
@@ -327,10 +341,12 @@ def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
     seq.set_defaults(func=cmd_bench_headline)
 
     from mindspore_relaygr.bench.revisit import register as register_revisit_bench
+    from mindspore_relaygr.bench.timeline import register as register_workload
     from mindspore_relaygr.train.commands import register as register_train
 
     register_revisit_bench(bench_sub)
     register_train(sub)
+    register_workload(sub)
     if extend is not None:
         extend(sub, bench_sub)
 

@@ -11,6 +11,10 @@ class ConfigError(RelayGRError, ValueError):
     """A config file, section, key or value is invalid."""
 
 
+class WorkloadError(RelayGRError, ValueError):
+    """A benchmark workload's parameters or file are invalid."""
+
+
 class InvalidRequest(RelayGRError, ValueError):
     """Caller input is malformed; `field` names the offending field."""
 

@@ -60,7 +60,9 @@ def run_one(engine: Any, workload: Workload, relay: bool, time_limit_s: float | 
 
 
 def run_engine_bench(config: RelayGRConfig, spec: WorkloadSpec, loads: list[float], time_limit_s: float | None,
-                     progress: Callable[[str], None]) -> dict[str, Any]:
+                     progress: Callable[[str], None], timeline: Any = None) -> dict[str, Any]:
+    """Both modes at every load on the synthetic workload of `spec`, or on `timeline` (a
+    TimelineWorkload, rescaled to each load) when given; `spec` still sets the predicted full path."""
     from mindspore_relaygr.model import RelayGRModel
     from mindspore_relaygr.relay.engine import engine_chunk_bucket
 
@@ -73,7 +75,7 @@ def run_engine_bench(config: RelayGRConfig, spec: WorkloadSpec, loads: list[floa
              f"{latency.predict_full_ms(spec.max_len, spec.num_candidates):.0f} ms")
     rows = []
     for i, qps in enumerate(loads):
-        workload = Workload.generate(replace(spec, qps=qps))
+        workload = timeline.with_spec(qps=qps) if timeline is not None else Workload.generate(replace(spec, qps=qps))
         for relay in ((False, True) if i % 2 == 0 else (True, False)):
             engine = engine_for(config, model, latency, relay)
             try:
@@ -86,7 +88,8 @@ def run_engine_bench(config: RelayGRConfig, spec: WorkloadSpec, loads: list[floa
                      f"ms, hit rate {summary['hit_rate']:.2f}, truncated {summary['truncations']}, "
                      f"errors {summary['errors']}; longest device step {longest_step(summary)}")
     chunk = config.trigger.prefill_chunk_len
-    return {"spec": spec.__dict__, "slo_ms": config.trigger.slo_ms, "max_online_len": config.relay.max_online_len,
+    source = {"timeline": {**timeline.spec.__dict__, **timeline.describe()}} if timeline is not None else {}
+    return {"spec": spec.__dict__, **source, "slo_ms": config.trigger.slo_ms, "max_online_len": config.relay.max_online_len,
             "prefill_chunk_len": chunk,
             # The bound a rank's device-queue wait should respect: one prefill chunk (plus ranks ahead).
             "longest_chunk_ms": max(latency.predict_prefill_chunks_ms(spec.max_len, chunk)),
