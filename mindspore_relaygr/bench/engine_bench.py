@@ -89,8 +89,8 @@ def run_engine_bench(config: RelayGRConfig, spec: WorkloadSpec, loads: list[floa
                      f"errors {summary['errors']}; longest device step {longest_step(summary)}")
     chunk = config.trigger.prefill_chunk_len
     source = {"timeline": {**timeline.spec.__dict__, **timeline.describe()}} if timeline is not None else {}
-    return {"spec": spec.__dict__, **source, "slo_ms": config.trigger.slo_ms, "max_online_len": config.relay.max_online_len,
-            "prefill_chunk_len": chunk,
+    return {"spec": spec.__dict__, **source, "slo_ms": config.trigger.slo_ms,
+            "max_online_len": config.relay.max_online_len, "prefill_chunk_len": chunk,
             # The bound a rank's device-queue wait should respect: one prefill chunk (plus ranks ahead).
             "longest_chunk_ms": max(latency.predict_prefill_chunks_ms(spec.max_len, chunk)),
             "results": rows}
