@@ -435,6 +435,7 @@ def workload_for(args: argparse.Namespace, config: RelayGRConfig) -> Workload:
 
 def cmd_bench_cluster(args: argparse.Namespace) -> int:
     from mindspore_relaygr.bench import plots
+    from mindspore_relaygr.bench.machine import machine_info
     from mindspore_relaygr.bench.model_bench import write_report
 
     config = load_config(args.config, args.override)
@@ -456,6 +457,7 @@ def cmd_bench_cluster(args: argparse.Namespace) -> int:
     if not args.profile and not any(o.startswith("trigger.latency_profile=") for o in args.override):
         say("no --profile: every instance calibrates its latency model at start-up, at the same time as the "
             "others (slower, and they disturb each other's measurements); `relaygr profile` writes one")
+    machine = machine_info()  # before the servers start: measured after they stop, the CPU is still busy
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM: stop the clusters, like Ctrl-C
     try:
         report = run_cluster_bench(bench, config, workload, say)
@@ -464,6 +466,7 @@ def cmd_bench_cluster(args: argparse.Namespace) -> int:
     report["workload"] = str(out.with_suffix(".workload.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     workload.save(out.with_suffix(".workload.json"))
+    report["machine"] = machine
     write_report(report, out)
     save_config(load_config(args.config, set_overrides("relay", slo_ms, workload.spec.max_len, args.override,
                                                        args.profile)), out.with_suffix(".config.yaml"))

@@ -291,6 +291,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_bench_overload(args: argparse.Namespace) -> int:
     from mindspore_relaygr.bench import plots
+    from mindspore_relaygr.bench.machine import machine_info
     from mindspore_relaygr.bench.model_bench import write_report
 
     out = Path(args.out)
@@ -302,8 +303,10 @@ def cmd_bench_overload(args: argparse.Namespace) -> int:
                          connections=args.connections, calibrate_s=args.calibrate_s,
                          max_workers=args.max_workers, median_len=args.median_len, num_candidates=args.candidates,
                          engine_factory=args.engine_factory)
+    machine = machine_info()  # before the servers start: measured after they stop, the CPU is still busy
     report = run_overload_bench(bench, say)
     out.parent.mkdir(parents=True, exist_ok=True)
+    report["machine"] = machine
     write_report(report, out)
     save_config(load_config(bench.config_path, list(bench.overrides)), out.with_suffix(".config.yaml"))
     plots.plot_overload(report, out.with_suffix(".png"))
