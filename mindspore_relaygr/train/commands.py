@@ -109,6 +109,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0 if report["paths_agree"] else 1
 
 
+def cmd_caps(args: argparse.Namespace) -> int:
+    from mindspore_relaygr.train.cap_curve import format_caps, quality_vs_cap, write_caps
+
+    cfg = _checkpoint_config(args)
+    report = quality_vs_cap(cfg, args.checkpoint, args.caps, args.split, args.max_users, progress=_progress("caps"))
+    print(format_caps(report))
+    out = Path(args.out) if args.out else Path(args.checkpoint).parent / f"caps_{args.split}.json"
+    write_caps(report, out)
+    print(f"wrote {out} and {out.with_suffix('.png').name}")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from mindspore_relaygr.data.movielens import load_movielens
     from mindspore_relaygr.export import Vocabulary, check_mindir, export_bundle, load_bundle
@@ -212,3 +224,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ln.add_argument("--output-dir", default="outputs/lengths", help="one len_<L>/ run per length, and the curve")
     ln.add_argument("--max-users", type=int, default=None, help="evaluate only the first N test users")
     ln.set_defaults(func=cmd_lengths)
+
+    caps = subparsers.add_parser("caps", help="quality of one trained model vs the serving cap on its histories")
+    caps.add_argument("--checkpoint", required=True, help="checkpoint written by `relaygr train`")
+    _config_args(caps, None)
+    caps.add_argument("--caps", type=_positive_lengths, nargs="+", required=True,
+                      help="history caps (most recent events), each at most the model's history length")
+    caps.add_argument("--split", choices=("test", "valid"), default="test")
+    caps.add_argument("--max-users", type=int, default=None, help="evaluate only the first N users")
+    caps.add_argument("--out", help="JSON, with a PNG next to it (default: caps_<split>.json next to the checkpoint)")
+    caps.set_defaults(func=cmd_caps)
