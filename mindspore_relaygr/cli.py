@@ -347,6 +347,9 @@ def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
     register_revisit_bench(bench_sub)
     register_train(sub)
     register_workload(sub)
+    from mindspore_relaygr.bench.quality_at_slo import register as register_quality_at_slo
+
+    register_quality_at_slo(bench_sub, _positive_int, _slo_arg)
     if extend is not None:
         extend(sub, bench_sub)
 

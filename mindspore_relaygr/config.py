@@ -339,6 +339,7 @@ class TrainConfig:
     # and SASRec baselines of `relaygr eval` / `relaygr baseline` then train on the same events the same way
     train_on_valid: bool = False
     max_history_len: int | None = None  # null: model.max_seq_len minus the user token
+    keep_every: int | None = None  # also keep the model of every k-th epoch as epoch_<k>.ckpt (null: none)
     init: str = "xavier"  # xavier: re-initialize at the HSTU reference scales | model: keep HSTUNet's init
     rab_init: float = 0.0  # xavier init: mean of the relative-bias table (1.0: layers start as a causal mean)
     eval_every: int = 1  # epochs between validations (best checkpoint by validation NDCG@10)
@@ -366,7 +367,7 @@ class TrainConfig:
         _require(0 < self.beta2 < 1, "train.beta2", self.beta2, "must be in (0, 1)")
         for key in ("weight_decay", "high_rating_weight"):
             _require(getattr(self, key) >= 0, f"train.{key}", getattr(self, key), "must be >= 0")
-        for key in ("max_history_len", "max_eval_users"):
+        for key in ("max_history_len", "max_eval_users", "keep_every"):
             if getattr(self, key) is not None:
                 _require(getattr(self, key) >= 1, f"train.{key}", getattr(self, key), "must be >= 1")
         _require(self.sasrec_d_model % self.sasrec_num_heads == 0, "train.sasrec_d_model", self.sasrec_d_model,

@@ -96,13 +96,16 @@ def _slo_grid(slo_ms: float) -> list[float]:
     return sorted({round(slo_ms * scale / 5.0) * 5.0 for scale in SLO_SCALES} - {0.0})
 
 
-def prepare(config: RelayGRConfig, progress: Progress) -> tuple[Any, Any]:
-    """One model, warmed up and calibrated, shared by every run (runs never overlap)."""
+def prepare(config: RelayGRConfig, progress: Progress, checkpoint: str | None = None) -> tuple[Any, Any]:
+    """One model (trained weights from `checkpoint` if given), warmed up and calibrated, shared by every
+    run (runs never overlap)."""
     from mindspore_relaygr.model import RelayGRModel
     from mindspore_relaygr.relay.calibrate import calibrate_latency
     from mindspore_relaygr.relay.engine import engine_chunk_bucket
 
     model = RelayGRModel(config)
+    if checkpoint is not None:
+        model.load_checkpoint(str(checkpoint))
     t0 = time.perf_counter()
     model.warmup(max_chunk=engine_chunk_bucket(model, config))
     latency = calibrate_latency(model, config.trigger.prefill_chunk_len)
@@ -146,7 +149,10 @@ def _p99_text(s: dict[str, Any]) -> str:
 
 
 def slo_throughput(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec, loads: list[float],
-                   slo_ms: float, time_limit_s: float | None, progress: Progress) -> dict[str, Any]:
+                   slo_ms: float, time_limit_s: float | None, progress: Progress,
+                   workload_at: Callable[[float], Any] | None = None) -> dict[str, Any]:
+    """Sweep the offered load on the synthetic workload of `spec`, or on `workload_at(qps)` when given
+    (`spec.max_len` is still the baseline's cap)."""
     base_cfg = replace(config, relay=replace(config.relay, max_online_len=spec.max_len))
     top = max(_slo_grid(slo_ms))
     points: list[dict[str, Any]] = []
@@ -155,8 +161,8 @@ def slo_throughput(config: RelayGRConfig, model: Any, latency: Any, spec: Worklo
     while todo and len(failed) < len(MODES):
         qps = todo.pop(0)
         modes = tuple(m for m in MODES if m not in failed)
-        pair = _pair(base_cfg, model, latency, Workload.generate(replace(spec, qps=qps)), i % 2 == 1, time_limit_s,
-                     modes=modes)
+        workload = workload_at(qps) if workload_at is not None else Workload.generate(replace(spec, qps=qps))
+        pair = _pair(base_cfg, model, latency, workload, i % 2 == 1, time_limit_s, modes=modes)
         i += 1
         for mode, s in pair.items():
             points.append({"mode": mode, "qps": qps, **s, "complies": complies(s, slo_ms)})
@@ -174,8 +180,11 @@ def slo_throughput(config: RelayGRConfig, model: Any, latency: Any, spec: Worklo
             "ratio_range": at_slo["ratio_range"], "by_slo": best_by_slo(points, "qps", _slo_grid(slo_ms))}
 
 
-def max_seq(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec, lengths: list[int], qps: float,
-            slo_ms: float, time_limit_s: float | None, progress: Progress) -> dict[str, Any]:
+def max_seq(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec | None, lengths: list[int], qps: float,
+            slo_ms: float, time_limit_s: float | None, progress: Progress,
+            workload_at: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """Sweep the history length at `qps`: by default every history has exactly that length (synthetic);
+    `workload_at(length)` gives another workload per length instead (e.g. real timelines capped there)."""
     top = max(_slo_grid(slo_ms))
     points: list[dict[str, Any]] = []
     failed: set[str] = set()
@@ -183,10 +192,13 @@ def max_seq(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec,
         modes = tuple(m for m in MODES if m not in failed)
         if not modes:
             break
-        fixed = replace(spec, qps=qps, median_len=length, length_sigma=0.0, min_len=length, max_len=length,
-                        growth_per_visit=0)
+        if workload_at is None:
+            workload = Workload.generate(replace(spec, qps=qps, median_len=length, length_sigma=0.0, min_len=length,
+                                                 max_len=length, growth_per_visit=0))
+        else:
+            workload = workload_at(length)
         base_cfg = replace(config, relay=replace(config.relay, max_online_len=length))
-        pair = _pair(base_cfg, model, latency, Workload.generate(fixed), i % 2 == 1, time_limit_s, modes=modes)
+        pair = _pair(base_cfg, model, latency, workload, i % 2 == 1, time_limit_s, modes=modes)
         for mode, s in pair.items():
             points.append({"mode": mode, "length": length, **s, "complies": complies(s, slo_ms)})
             if not complies(s, top):

@@ -45,6 +45,11 @@ logger = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 CHECKPOINT_NAME = "best.ckpt"
 LAST_NAME = "last.ckpt"
+
+
+def epoch_checkpoint_name(epoch: int) -> str:
+    """The model after `epoch` (train.keep_every): epoch_007.ckpt."""
+    return f"epoch_{epoch:03d}.ckpt"
 STATE_NAME = "train_state.json"
 CONFIG_NAME = "config.yaml"
 METRICS_NAME = "train_metrics.json"
@@ -222,6 +227,8 @@ class Trainer:
             result.seconds = time.perf_counter() - t0
             result.tokens_per_s = tokens / max(train_seconds, 1e-9)
             self._save_state(result, epoch)
+            if self.is_chief and self.tc.keep_every and epoch % self.tc.keep_every == 0:
+                self.model.save_checkpoint(out / epoch_checkpoint_name(epoch))
             self._write_metrics(result)  # after every epoch: a stopped run's report and curve are current
             if stop:
                 self.progress(f"early stop after epoch {epoch}: no better validation NDCG@10 in "

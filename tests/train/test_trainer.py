@@ -197,9 +197,13 @@ def test_training_sequences_with_the_validation_event(synthetic_config):
 def test_train_on_valid_runs_its_epochs_without_validation(synthetic_config, tmp_path):
     from mindspore_relaygr.train.trainer import train
 
-    result = train(_cfg(synthetic_config, tmp_path, "train.epochs=3", "train.train_on_valid=true"))
+    result = train(_cfg(synthetic_config, tmp_path, "train.epochs=3", "train.train_on_valid=true",
+                        "train.keep_every=2"))
     assert result.evals == [] and len(result.epoch_losses) == 3
     assert result.best["epoch"] == 3 and result.checkpoint.is_file()
+    # keep_every: the model after epoch 2 is kept beside the last one (a run whose epochs a holdout picks later)
+    assert sorted(p.name for p in tmp_path.glob("epoch_*.ckpt")) == ["epoch_002.ckpt"]
+    assert (tmp_path / "epoch_002.ckpt").read_bytes() != result.checkpoint.read_bytes()
     report = json.loads((tmp_path / "train_metrics.json").read_text())
     assert report["best"]["epoch"] == 3 and report["evals"] == []
     assert (tmp_path / "train_curve.png").is_file()
