@@ -1,0 +1,57 @@
+"""`relaygr bench quality-at-slo`: caps judged per budget become the quality each mode reaches."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from mindspore_relaygr.bench.quality_at_slo import quality_rows
+from tests.train.conftest import synthetic_overrides, write_synthetic_movielens
+
+
+def test_each_modes_compliant_cap_becomes_its_quality():
+    quality = {100: {"ndcg@10": 0.15, "hr@10": 0.27}, 400: {"ndcg@10": 0.17, "hr@10": 0.30}}
+    by_slo = [{"slo_ms": 20.0, "baseline": None, "relay": 100, "ratio": math.inf},
+              {"slo_ms": 40.0, "baseline": 100, "relay": 400, "ratio": 4.0}]
+    rows = quality_rows(by_slo, quality)
+    assert rows[0]["baseline"]["cap"] == 0 and math.isnan(rows[0]["baseline"]["ndcg@10"])
+    assert rows[0]["relay"] == {"cap": 100, "ndcg@10": 0.15, "hr@10": 0.27}
+    assert math.isnan(rows[0]["ndcg_gain"])
+    assert rows[1]["cap_ratio"] == 4.0 and rows[1]["ndcg_gain"] == pytest.approx(0.02)
+    assert rows[1]["relay"]["hr@10"] == 0.30
+
+
+@pytest.mark.slow
+def test_quality_at_slo_command_end_to_end(tmp_path, capsys):
+    """A tiny model on synthetic timelines: a generous budget lets both modes reach the largest cap."""
+    from mindspore_relaygr import load_config
+    from mindspore_relaygr.cli import main
+    from mindspore_relaygr.config import save_config
+    from mindspore_relaygr.model.ranker import RelayGRModel
+    from tests.conftest import CONFIGS
+
+    data = write_synthetic_movielens(tmp_path / "data", num_users=60)
+    cfg = load_config(CONFIGS / "tiny.yaml", synthetic_overrides(data, tmp_path / "run"))
+    config_path, checkpoint = tmp_path / "config.yaml", tmp_path / "model.ckpt"
+    save_config(cfg, config_path)
+    RelayGRModel(cfg).save_checkpoint(checkpoint)
+    workload = tmp_path / "tl.json"
+    assert main(["workload", "timeline", "--data", str(data), "--requests", "30", "--session-gap-s", "1000",
+                 "--min-history", "3", "--out", str(workload)]) == 0
+    out = tmp_path / "q.json"
+    assert main(["bench", "quality-at-slo", "--checkpoint", str(checkpoint), "--config", str(config_path),
+                 "--workload", str(workload), "--caps", "4", "8", "--qps", "20", "--loads", "20",
+                 "--slo-ms", "5000", "--cap-events", "8", "--candidates", "16", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    caps_quality = {r["cap"]: r["ndcg@10"] for r in report["quality"]["rows"]}
+    at_run_budget = next(r for r in report["table"] if r["slo_ms"] == 5000)
+    assert at_run_budget["baseline"]["cap"] == at_run_budget["relay"]["cap"] == 8
+    assert at_run_budget["relay"]["ndcg@10"] == caps_quality[8]
+    assert report["slo_throughput"]["compliant_qps"]["relay"] >= 20
+    points = report["latency"]["points"]
+    assert {(p["mode"], p["length"]) for p in points} == {(m, c) for m in ("baseline", "relay") for c in (4, 8)}
+    assert all(p["ranks"] == 30 and p["errors"] == 0 for p in points)
+    assert out.with_suffix(".png").stat().st_size > 0 and out.with_suffix(".workload.json").is_file()
+    assert "Quality at a P99 budget" in capsys.readouterr().out
