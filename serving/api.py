@@ -104,8 +104,11 @@ def _admit(st: AppState, size: float = 1.0) -> None:
     if st.admission is None:
         return
     key = request.headers.get(headers.AFFINITY)
-    last_resort = (st.upstream is not None and bool(key) and request.headers.get(headers.ROUTED) == "affinity"
-                   and st.upstream.is_last_try(key, st.settings.upstream_address))
+
+    def last_resort() -> bool:  # hashes the key: asked only when the normal budget would refuse
+        return (st.upstream is not None and bool(key) and request.headers.get(headers.ROUTED) == "affinity"
+                and st.upstream.is_last_try(key, st.settings.upstream_address))
+
     if st.admission.try_admit(last_resort=last_resort, size=size):
         return
     view = st.admission.snapshot()

@@ -83,18 +83,19 @@ class AdmissionControl:
         self._admitted_last_resort = 0
         self._busy_since: float | None = None  # last departure, or the start of the current busy period
 
-    def try_admit(self, last_resort: bool = False, size: float = 1.0) -> bool:
+    def try_admit(self, last_resort: bool | Callable[[], bool] = False, size: float = 1.0) -> bool:
         """True (and the rank counts as in flight until `finish(size=...)`) if it is predicted to meet the
-        budget: budget_ms, or last_resort_budget_ms for a rank that no other instance will be asked to serve."""
+        budget: budget_ms, or last_resort_budget_ms for a rank that no other instance will be asked to serve.
+        `last_resort` may be a function: it is called only when budget_ms alone would refuse the rank."""
         if not size > 0:
             raise ValueError(f"size={size!r}: must be > 0")
         with self._lock:
             predicted_ms = (self._work + size) * self._cost_ms
-            budget_ms = self.last_resort_budget_ms if last_resort else self.budget_ms
-            if self._in_flight > 0 and predicted_ms > budget_ms:
-                self._rejected += 1
-                return False
             if self._in_flight > 0 and predicted_ms > self.budget_ms:
+                on_last_try = last_resort() if callable(last_resort) else last_resort
+                if not on_last_try or predicted_ms > self.last_resort_budget_ms:
+                    self._rejected += 1
+                    return False
                 self._admitted_last_resort += 1
             if self._in_flight == 0:
                 self._busy_since = self._clock()

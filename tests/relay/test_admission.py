@@ -115,6 +115,23 @@ def test_a_last_resort_rank_may_use_the_whole_slo_but_no_more():
     assert view.to_dict()["last_resort_budget_ms"] == 100.0
 
 
+def test_the_last_try_check_runs_only_when_the_budget_alone_would_refuse():
+    ctl = AdmissionControl(budget_ms=70.0, initial_cost_ms=30.0, clock=FakeClock(), last_resort_budget_ms=100.0)
+    asked = []
+
+    def on_last_try() -> bool:
+        asked.append(1)
+        return True
+
+    assert ctl.try_admit(last_resort=on_last_try) and ctl.try_admit(last_resort=on_last_try)  # within 70 ms
+    assert asked == []
+    assert ctl.try_admit(last_resort=on_last_try) and len(asked) == 1  # 90 > 70: asked once, admitted
+    assert not ctl.try_admit(last_resort=lambda: False)  # not its last try: refused
+    assert not ctl.try_admit(last_resort=on_last_try) and len(asked) == 2  # 120 > 100: refused, counted once
+    view = ctl.snapshot()
+    assert (view.admitted, view.rejected, view.admitted_last_resort) == (3, 2, 1)
+
+
 def test_the_last_resort_budget_defaults_to_the_budget_and_cannot_be_smaller():
     ctl = AdmissionControl(budget_ms=20.0, initial_cost_ms=10.0, clock=FakeClock())
     assert ctl.try_admit() and ctl.try_admit() and not ctl.try_admit(last_resort=True)
