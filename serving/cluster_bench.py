@@ -44,6 +44,7 @@ from typing import Any
 import requests
 
 from mindspore_relaygr.bench.loadgen import Outcome, run_open_loop, summarize
+from mindspore_relaygr.bench.tailstats import compliant_value, complies
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig, load_config, save_config
 from mindspore_relaygr.errors import ConfigError
@@ -263,10 +264,6 @@ def summarize_run(outcomes: list[Outcome], qps: float, per_instance: dict[str, d
     return summary
 
 
-def complies(row: dict[str, Any], slo_ms: float) -> bool:
-    return row["errors"] == 0 and row["rejected_503"] == 0 and row["p99_ms"] <= slo_ms
-
-
 # ---------------------------------------------------------------------- the benchmark
 @dataclass(frozen=True)
 class ClusterBenchSpec:
@@ -339,7 +336,8 @@ def run_cluster_bench(bench: ClusterBenchSpec, config: RelayGRConfig, workload: 
     finally:
         for iset in sets.values():
             iset.stop()
-    compliant = {m: max((r["offered_qps"] for r in rows if r["mode"] == m and r["complies"]), default=0.0)
+    # The headline rule (tailstats): the top of the unbroken compliant run of loads from below.
+    compliant = {m: compliant_value([r for r in rows if r["mode"] == m], "offered_qps", bench.slo_ms)
                  for m in bench.modes}
     return {"slo_ms": bench.slo_ms, "num_instances": bench.num_instances, "modes": list(bench.modes),
             "loads": list(bench.loads), "order": bench.order, "config": bench.config_path,
@@ -370,7 +368,7 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{r['errors']:>4} {r['rejected_503']:>4} | {r['hit_rate']:>5.2f} {coloc:>5} "
                      f"{r['truncations']:>5} {r['wasted_prefills']:>6} | {per} | {extra}")
     compliant = ", ".join(f"{m} {q:g}" for m, q in report["compliant_qps"].items())
-    lines.append(f"SLO-compliant QPS (P99 <= SLO, no errors, no 503): {compliant}")
+    lines.append(f"SLO-compliant QPS (every load up to it: P99 upper bound <= SLO, no errors or 503s): {compliant}")
     lines.append("start-up: " + ", ".join(f"{k} set {v:.0f} s" for k, v in report["startup_s"].items()))
     return "\n".join(lines)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from mindspore_relaygr.bench import tailstats
 from mindspore_relaygr.bench.engine_bench import engine_for, longest_step, run_one
+from mindspore_relaygr.bench.tailstats import complies
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig
 
@@ -138,10 +139,6 @@ def _pair(config: RelayGRConfig, model: Any, latency: Any, workload: Workload, f
         finally:
             engine.close()
     return out
-
-
-def complies(summary: dict[str, Any], slo_ms: float) -> bool:
-    return tailstats.complies(summary, slo_ms)
 
 
 def _p99_text(s: dict[str, Any]) -> str:
