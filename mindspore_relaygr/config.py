@@ -185,7 +185,9 @@ class RelayConfig:
     """Relay engine behaviour; `enabled: false` is the full-inference baseline."""
 
     enabled: bool = True
-    miss_policy: str = "full"  # full: compute anyway | truncate: rank the last max_online_len events
+    # full: compute a miss anyway | truncate: when the time a rank has spent plus its predicted full path
+    # would blow trigger.slo_ms, rank the most recent events that fit the rest (at most max_online_len)
+    miss_policy: str = "full"
     max_online_len: int = 512  # the production length cap of the baseline
     inflight_wait_ms: float = 100.0  # a rank waits at least this long for its key's in-flight prefill;
     # when the prefill's remaining chunks are predicted to beat a miss, it is boosted and waited for

@@ -88,6 +88,7 @@ def rank() -> Response:
         "ranked_item_ids": [req.candidate_ids[i] for i in ranking],
         "cache": result.cache,
         "truncated": bool(result.truncated),
+        "ranked_events": int(result.ranked_events),  # the most recent events the scores saw
         "timings_ms": timings,
         "instance": st.instance_id,
         "model_version": engine.model_version,

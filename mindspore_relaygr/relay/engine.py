@@ -295,16 +295,17 @@ class RelayEngine:
         def on_device():
             start = time.perf_counter()
             timing["queue"] = (start - submitted) * 1e3
-            out = self._rank_on_device(user_id, hist, cands, waited)
+            out = self._rank_on_device(user_id, hist, cands, waited, t0)
             timing["compute"] = (time.perf_counter() - start) * 1e3
             return out
 
-        scores, tier, truncated = self.executor.submit(on_device, RANK, label="rank").result()
+        scores, tier, events = self.executor.submit(on_device, RANK, label="rank").result()
         timing.update(wait=wait_ms, total=(time.perf_counter() - t0) * 1e3)
+        truncated = events < len(hist)
         with self._lock:
             setattr(self.ranks, tier, getattr(self.ranks, tier) + 1)
             self.work.truncations += int(truncated)
-        return RankResult(scores, self._ranking(scores, top_k), tier, truncated, timing)
+        return RankResult(scores, self._ranking(scores, top_k), tier, truncated, timing, ranked_events=events)
 
     def _wait_for_inflight(self, user_id: str, hist: History, cands: np.ndarray) -> tuple[float, bool]:
         """Wait for the running relay of the longest prefix of this history, when it should finish
@@ -335,19 +336,19 @@ class RelayEngine:
             pass
         return (time.perf_counter() - t0) * 1e3, True
 
-    def _rank_on_device(self, user_id: str, hist: History, cands: np.ndarray, waited: bool):
-        """Device thread: cache tiers first, then the miss policy. Returns (scores, tier, truncated)."""
+    def _rank_on_device(self, user_id: str, hist: History, cands: np.ndarray, waited: bool, arrived: float):
+        """Device thread: cache tiers first, then the miss policy. Returns (scores, tier, events ranked on)."""
         if not self.config.relay.enabled:
             return self._rank_truncated(hist, cands, self.config.relay.max_online_len, "bypass")
         hit = self.cache.acquire(user_id, hist)
         if hit is None:
-            return self._rank_miss(hist, cands)
+            return self._rank_miss(hist, cands, arrived)
         self.ledger.consume(hit.key)
         tier = "inflight" if waited and hit.tier == "device" else hit.tier
         if len(hist) - hit.prefix_len > self.config.model.max_suffix_len:
             hit = self._extend(hit, hist, cands)
             if hit is None:
-                return self._rank_miss(hist, cands)
+                return self._rank_miss(hist, cands, arrived)
             tier = "partial"
         try:
             scores = self.model.rank_cached(hit.slot, hit.prefix_len, hist.slice(hit.prefix_len), cands)
@@ -358,7 +359,7 @@ class RelayEngine:
                 self.executor.submit(lambda: self._audit(hit.key, hist, cands, scores), AUDIT, label="audit")
             except ExecutorClosed:
                 self.audit.finished(None)
-        return scores, tier, False
+        return scores, tier, len(hist)
 
     def _audit(self, key: CacheKey, hist: History, cands: np.ndarray, cached: np.ndarray) -> None:
         """Device thread, when idle: recompute a cached rank in full; drop the entry if they differ."""
@@ -394,27 +395,42 @@ class RelayEngine:
                 return stop.value
             self.work.extension_chunks += 1
 
-    def _rank_miss(self, hist: History, cands: np.ndarray):
-        return self._rank_truncated(hist, cands, self._miss_events(hist, cands), "miss")
+    def _rank_miss(self, hist: History, cands: np.ndarray, arrived: float):
+        elapsed_ms = (time.perf_counter() - arrived) * 1e3
+        return self._rank_truncated(hist, cands, self._miss_events(hist, cands, elapsed_ms), "miss")
 
-    def _miss_events(self, hist: History, cands: np.ndarray) -> int:
-        """Most recent events a miss ranks on: all of them, or the production cap under the truncate
-        policy when the full path is predicted to blow the SLO."""
+    def _miss_events(self, hist: History, cands: np.ndarray, elapsed_ms: float = 0.0) -> int:
+        """Most recent events a miss ranks on: all of them, or, under the truncate policy when the time
+        the rank has already spent (`elapsed_ms`: waits and queue) plus its predicted full path would
+        blow the SLO, the most that still fit the rest of it, at most the production cap. A rank that
+        nothing fits any more is late whatever it does: it ranks on the production cap."""
         relay = self.config.relay
         capacity = self.config.model.max_seq_len - self._user_tokens
         predicted = self.latency.predict_full_ms(len(hist) + self._user_tokens, len(cands))
-        if relay.miss_policy == "truncate" and predicted > self.config.trigger.slo_ms:
-            return min(relay.max_online_len, capacity)
+        cap = min(relay.max_online_len, capacity)
+        if relay.miss_policy == "truncate" and elapsed_ms + predicted > self.config.trigger.slo_ms:
+            fit = self._events_within(self.config.trigger.slo_ms - elapsed_ms, len(cands), cap)
+            return cap if fit == 0 else fit
         return capacity
+
+    def _events_within(self, budget_ms: float, num_candidates: int, most: int) -> int:
+        """The most events (0..most) whose predicted full path fits `budget_ms` (predictions grow with length)."""
+        low, high = 0, most
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self.latency.predict_full_ms(mid + self._user_tokens, num_candidates) <= budget_ms:
+                low = mid
+            else:
+                high = mid - 1
+        return low
 
     def _predicted_miss_ms(self, hist: History, cands: np.ndarray) -> float:
         events = min(len(hist), self._miss_events(hist, cands))
         return self.latency.predict_full_ms(events + self._user_tokens, len(cands))
 
     def _rank_truncated(self, hist: History, cands: np.ndarray, max_events: int, tier: str):
-        truncated = len(hist) > max_events
-        recent = hist.slice(len(hist) - max_events) if truncated else hist
-        return self.model.rank_full(recent, cands), tier, truncated
+        recent = hist.slice(len(hist) - max_events) if len(hist) > max_events else hist
+        return self.model.rank_full(recent, cands), tier, len(recent)
 
     def _ranking(self, scores: np.ndarray, top_k: int | None) -> list[int]:
         weights = self.config.model.task_weights or [1.0] * scores.shape[1]

@@ -26,5 +26,6 @@ class RankResult:
     scores: np.ndarray  # float32 [M, num_tasks]
     ranking: list[int]  # candidate indices, best first, at most top_k
     cache: str  # one of CACHE_TIERS
-    truncated: bool = False  # ranked on the most recent relay.max_online_len events only
+    truncated: bool = False  # ranked on fewer than all of the history's events (ranked_events of them)
     timings_ms: dict[str, float] = field(default_factory=dict)  # wait, queue, compute, total
+    ranked_events: int = 0  # the most recent events the scores saw (the whole history unless truncated)

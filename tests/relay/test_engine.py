@@ -12,6 +12,7 @@ import pytest
 from mindspore_relaygr import load_config
 from mindspore_relaygr.model.inputs import validate_history
 from mindspore_relaygr.relay.engine import RelayEngine
+from mindspore_relaygr.relay.executor import RANK
 from mindspore_relaygr.relay.latency import LatencyModel, LatencyPoint
 from tests.conftest import CONFIGS, random_history
 
@@ -56,6 +57,14 @@ def hist(seed, n=100):
 
 def first_of(h, n):
     return {k: (v if k == "user_features" else v[:n]) for k, v in h.items()}
+
+
+def last_of(h, n):
+    return {k: (v if k == "user_features" else v[-n:]) for k, v in h.items()}
+
+
+def validate(h):
+    return validate_history(load_config(CONFIGS / "tiny.yaml").model, h)
 
 
 def expected(model, engine, h, cands):
@@ -245,13 +254,39 @@ def test_truncate_policy_and_baseline_mode(make_engine, model):
     recent = {k: (v if k == "user_features" else v[-50:]) for k, v in h.items()}
     eng = make_engine("relay.miss_policy=truncate", "relay.max_online_len=50")
     res = eng.rank("u4", h, cands)
-    assert res.cache == "miss" and res.truncated
+    assert res.cache == "miss" and res.truncated and res.ranked_events == 50  # nothing fits 50 ms: the cap
     np.testing.assert_allclose(res.scores, expected(model, eng, recent, cands), atol=TOL, rtol=0)
     base = make_engine("relay.enabled=false", "relay.max_online_len=50")
     assert base.preinfer("u4", h).reason == "disabled"
     res = base.rank("u4", h, cands)
     assert res.cache == "bypass" and res.truncated
     np.testing.assert_allclose(res.scores, expected(model, base, recent, cands), atol=TOL, rtol=0)
+
+
+def test_truncate_policy_ranks_the_events_that_fit_the_rest_of_the_budget(model):
+    # Full path: 1 ms up to 8 tokens, 30 ms up to 16, 80 ms up to 128 (the user token counts); SLO 50 ms.
+    steps = LatencyModel([LatencyPoint("full", 8, 8, 0, 1.0), LatencyPoint("full", 16, 8, 0, 30.0),
+                          LatencyPoint("full", 128, 8, 0, 80.0), LatencyPoint("relay", 128, 16, 32, 5.0),
+                          LatencyPoint("prefill", 128, 0, 0, 20.0)])
+    eng = RelayEngine(load_config(CONFIGS / "tiny.yaml", [*BASE, "relay.miss_policy=truncate",
+                                                          "relay.max_online_len=50"]), model, steps)
+    try:
+        h, cands = hist(9, 40), np.arange(1, 9)
+        assert eng._miss_events(validate(h), cands, elapsed_ms=0.0) == 15  # 16 tokens: 30 ms <= 50
+        assert eng._miss_events(validate(h), cands, elapsed_ms=30.0) == 7  # 20 ms left: 8 tokens
+        assert eng._miss_events(validate(h), cands, elapsed_ms=49.5) == 50  # nothing fits: the production cap
+        assert eng._miss_events(validate(first_of(h, 7)), cands, elapsed_ms=30.0) == 127  # 1 ms fits: all of it
+        res = eng.rank("u9", h, cands)  # unloaded
+        assert res.cache == "miss" and res.truncated and res.ranked_events == 15
+        np.testing.assert_allclose(res.scores, expected(model, eng, last_of(h, 15), cands), atol=TOL, rtol=0)
+        # Under queue pressure: the device thread is busy 25 ms before the rank starts, leaving < 25 ms.
+        eng.executor.submit(lambda: time.sleep(0.025), RANK, label="busy")
+        res = eng.rank("u9", h, cands)
+        assert res.truncated and res.ranked_events == 7 and res.timings_ms["queue"] >= 20
+        np.testing.assert_allclose(res.scores, expected(model, eng, last_of(h, 7), cands), atol=TOL, rtol=0)
+        assert eng.stats().work.truncations == 2
+    finally:
+        eng.close()
 
 
 def test_not_at_risk_requests_are_not_relayed(make_engine):

@@ -133,7 +133,8 @@ class FakeEngine:
         order = np.argsort(-scores.sum(1), kind="stable")[: top_k or len(cands)].tolist()
         self.counters[f"rank_{tier}"] += 1
         ms = (time.perf_counter() - t0) * 1e3
-        return RankResult(scores, order, tier, truncated, {"wait": 0.0, "queue": 0.0, "compute": ms, "total": ms})
+        return RankResult(scores, order, tier, truncated, {"wait": 0.0, "queue": 0.0, "compute": ms, "total": ms},
+                          ranked_events=len(hist))
 
     def _count(self, result: PreinferResult) -> PreinferResult:
         self.counters[f"preinfer_{result.reason}"] += 1

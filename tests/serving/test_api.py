@@ -136,6 +136,7 @@ def test_truncated_ranks_are_flagged_and_counted():
     client = create_app(cfg, engine=FakeEngine(cfg, "b0")).test_client()
     resp = post(client, "/v1/rank", rank_body(n=12))
     assert resp.status_code == 200 and resp.json["truncated"] is True and resp.headers[headers.CACHE] == "bypass"
+    assert resp.json["ranked_events"] == 5
     assert post(client, "/v1/preinfer", preinfer_body()).json["reason"] == "disabled"
     assert "relaygr_truncations_total 1.0" in client.get("/metrics").get_data(as_text=True)
 
