@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from mindspore_relaygr.bench.loadgen import percentile, run_open_loop, summarize
@@ -33,10 +33,13 @@ def run_one(engine: Any, workload: Workload, relay: bool, time_limit_s: float | 
         return res.reason, False, 202
 
     queue_ms: list[float] = []  # time each rank waited for the device thread (behind a chunk or other ranks)
+    truncated: list[dict[str, Any]] = []  # which requests were ranked on fewer events, and on how many
 
     def rank(req):
         res = engine.rank(user_id(req.user), workload.history(req), workload.candidates(req), top_k=10)
         queue_ms.append(res.timings_ms["queue"])
+        if res.truncated:
+            truncated.append({"request": asdict(req), "ranked_events": res.ranked_events})
         return res.cache, res.truncated, 200
 
     call_stats = getattr(engine.model, "call_stats", None)
@@ -56,6 +59,7 @@ def run_one(engine: Any, workload: Workload, relay: bool, time_limit_s: float | 
                                 "max": max(queue_ms, default=float("nan"))}
     summary["engine"] = engine.stats().counters()
     summary["wasted_prefills"] = summary["engine"].get("wasted_prefills", 0)
+    summary["truncated_requests"] = truncated
     return summary
 
 

@@ -40,6 +40,36 @@ def quality_rows(by_slo: list[dict[str, Any]], quality: dict[int, dict[str, floa
     return rows
 
 
+def truncation_cost(model: Any, config: RelayGRConfig, timeline: Any, points: list[dict[str, Any]]) -> dict[str, Any]:
+    """For every point's truncated ranks (miss_policy truncate): NDCG@10 / HR@10 of the visit's first
+    item among all items, ranked on the events the rank used and on the whole history at that cap
+    (each history's items filtered), through the batched forward. Keyed "<mode>@<cap>"."""
+    from mindspore_relaygr.bench.timeline import TimelineRequest
+    from mindspore_relaygr.train.full_ranking import BatchedScorer, RankingCase, metrics_of
+
+    scorer = None
+    out: dict[str, Any] = {}
+    for point in points:
+        rows = point.get("truncated_requests") or []
+        if not rows:
+            continue
+        scorer = scorer or BatchedScorer(model.net, config.model, timeline.num_items)
+        capped = timeline.with_spec(max_len=point["length"])
+        cut, whole = [], []
+        for row in rows:
+            req = TimelineRequest(**row["request"])
+            hist = capped.history(req)
+            target = int(timeline.sequences[req.user].item_ids[req.end])
+            whole.append(RankingCase(req.user, hist, target))
+            cut.append(RankingCase(req.user, hist.slice(len(hist) - row["ranked_events"]), target))
+        m_cut, m_whole = metrics_of(scorer.ranks(cut)), metrics_of(scorer.ranks(whole))
+        out[f"{point['mode']}@{point['length']}"] = {
+            "ranks": len(rows), "ranked_events_mean": sum(r["ranked_events"] for r in rows) / len(rows),
+            "ndcg@10_truncated": m_cut["ndcg@10"], "ndcg@10_whole": m_whole["ndcg@10"],
+            "hr@10_truncated": m_cut["hr@10"], "hr@10_whole": m_whole["hr@10"]}
+    return out
+
+
 def run_quality_at_slo(config: RelayGRConfig, checkpoint: str, timeline: Any, caps: list[int], qps: float,
                        loads: list[float], slo_ms: float | str, cap_events: int, time_limit_s: float | None,
                        progress: Progress) -> dict[str, Any]:
@@ -61,6 +91,10 @@ def run_quality_at_slo(config: RelayGRConfig, checkpoint: str, timeline: Any, ca
     config = replace(config, trigger=replace(config.trigger, slo_ms=float(slo_ms)))
     sweep = headline.max_seq(config, model, latency, None, caps, qps, float(slo_ms), time_limit_s, progress,
                              workload_at=lambda cap: timeline.with_spec(max_len=cap, qps=qps))
+    truncations = truncation_cost(model, config, timeline, sweep["points"])
+    for key, cost in truncations.items():
+        progress(f"truncated ranks {key}: {cost['ranks']} on {cost['ranked_events_mean']:.0f} events on average, "
+                 f"NDCG@10 {cost['ndcg@10_truncated']:.4f} against {cost['ndcg@10_whole']:.4f} untruncated")
     throughput = None
     if loads:
         top_cap = max(caps)
@@ -68,7 +102,8 @@ def run_quality_at_slo(config: RelayGRConfig, checkpoint: str, timeline: Any, ca
         spec = WorkloadSpec(max_len=top_cap, qps=loads[0], num_candidates=timeline.spec.num_candidates)
         throughput = headline.slo_throughput(config, model, latency, spec, loads, float(slo_ms), time_limit_s, progress,
                                              workload_at=lambda q: timeline.with_spec(max_len=top_cap, qps=q))
-    return {"slo_ms": slo_ms, "slo_rule": rule, "slo_throughput": throughput, "qps": qps, "caps": caps,
+    return {"slo_ms": slo_ms, "slo_rule": rule, "slo_throughput": throughput, "truncations": truncations,
+            "miss_policy": config.relay.miss_policy, "qps": qps, "caps": caps,
             "checkpoint": str(checkpoint),
             "timeline": {**timeline.spec.__dict__, **timeline.describe()}, "quality": quality_report,
             "latency": sweep, "table": quality_rows(sweep["by_slo"], quality)}
@@ -83,6 +118,10 @@ def format_report(report: dict[str, Any]) -> str:
         b, rl = r["baseline"], r["relay"]
         lines.append(f"{r['slo_ms']:>7g} | {b['cap']:>8} {b['ndcg@10']:>8.4f} | {rl['cap']:>9} {rl['ndcg@10']:>8.4f} | "
                      f"{headline.ratio_label(r['cap_ratio'], [math.nan, math.nan]):>9} | {r['ndcg_gain']:>+9.4f}")
+    for key, cost in (report.get("truncations") or {}).items():
+        lines.append(f"truncated ranks {key}: {cost['ranks']}, NDCG@10 {cost['ndcg@10_truncated']:.4f} on the events "
+                     f"used vs {cost['ndcg@10_whole']:.4f} on the whole history (HR@10 {cost['hr@10_truncated']:.4f} "
+                     f"vs {cost['hr@10_whole']:.4f})")
     tp = report.get("slo_throughput")
     if tp:
         c = tp["compliant_qps"]
@@ -122,7 +161,8 @@ def cmd_quality_at_slo(args: Any) -> int:
     from mindspore_relaygr.bench.timeline import TimelineSpec, TimelineWorkload, format_description
     from mindspore_relaygr.config import load_config, save_config
 
-    cfg = load_config(args.config or Path(args.checkpoint).parent / "config.yaml", args.override)
+    policy = [f"relay.miss_policy={args.miss_policy}"] if args.miss_policy else []
+    cfg = load_config(args.config or Path(args.checkpoint).parent / "config.yaml", [*args.override, *policy])
     say = lambda msg: print(f"[bench] {msg}", flush=True)  # noqa: E731
     if args.workload:
         timeline = TimelineWorkload.load(args.workload)
@@ -164,6 +204,9 @@ def register(bench_subparsers: Any, positive_int: Callable[[str], int], slo_arg:
                    help="P99 budget in ms, or 'auto': twice the unloaded full path at --cap-events")
     p.add_argument("--cap-events", type=positive_int, default=200,
                    help="production cap of full inference behind --slo-ms auto (the reference's 200 events)")
+    p.add_argument("--miss-policy", choices=("full", "truncate"), default=None,
+                   help="relay.miss_policy of the relay runs (truncate: a miss that would blow the budget ranks "
+                        "fewer events; the report gives the NDCG@10 of exactly those ranks); default: the config's")
     p.add_argument("--workload", default=None, metavar="FILE", help="saved timeline (relaygr workload timeline)")
     p.add_argument("--requests", type=positive_int, default=MIN_RANKS, help="ranks per point (generated timeline)")
     p.add_argument("--gap-ms", type=float, default=600.0, help="mean retrieval -> ranking gap")

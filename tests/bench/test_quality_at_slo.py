@@ -55,3 +55,42 @@ def test_quality_at_slo_command_end_to_end(tmp_path, capsys):
     assert all(p["ranks"] == 30 and p["errors"] == 0 for p in points)
     assert out.with_suffix(".png").stat().st_size > 0 and out.with_suffix(".workload.json").is_file()
     assert "Quality at a P99 budget" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_truncated_ranks_are_scored_on_the_events_they_used(tmp_path):
+    from dataclasses import asdict
+
+    import numpy as np
+
+    from mindspore_relaygr import load_config
+    from mindspore_relaygr.bench.quality_at_slo import truncation_cost
+    from mindspore_relaygr.bench.timeline import TimelineSpec, TimelineWorkload
+    from mindspore_relaygr.model.ranker import RelayGRModel
+    from mindspore_relaygr.train.full_ranking import full_path_logits, item_chunks
+    from mindspore_relaygr.train.metrics import full_ranking_ranks, ranking_metrics_at
+    from tests.conftest import CONFIGS
+    from tests.model.conftest import randomize_weights
+
+    data = write_synthetic_movielens(tmp_path / "data", num_users=60)
+    cfg = load_config(CONFIGS / "tiny.yaml", synthetic_overrides(data, tmp_path / "run"))
+    model = RelayGRModel(cfg)
+    randomize_weights(model, seed=5)
+    timeline = TimelineWorkload.generate(TimelineSpec(data_path=str(data), num_requests=12, session_gap_s=1000,
+                                                      min_history=6))
+    rows = [{"request": asdict(r), "ranked_events": 2 + i % 3} for i, r in enumerate(timeline.requests)]
+    cost = truncation_cost(model, cfg, timeline, [{"mode": "relay", "length": 8, "truncated_requests": rows},
+                                                  {"mode": "baseline", "length": 8, "truncated_requests": []}])
+    assert list(cost) == ["relay@8"] and cost["relay@8"]["ranks"] == 12
+    assert cost["relay@8"]["ndcg@10_truncated"] != cost["relay@8"]["ndcg@10_whole"]  # the cut matters here
+    chunks = item_chunks(timeline.num_items, max(cfg.model.candidate_buckets))
+    for key, events in (("truncated", [r["ranked_events"] for r in rows]), ("whole", [None] * len(rows))):
+        hists, targets = [], []
+        for req, n in zip(timeline.requests, events, strict=True):
+            h = timeline.with_spec(max_len=8).history(req)
+            hists.append(h if n is None else h.slice(len(h) - n))
+            targets.append(timeline.sequences[req.user].item_ids[req.end])
+        scores = np.stack([full_path_logits(model, h, chunks) for h in hists])
+        expected = ranking_metrics_at(full_ranking_ranks(scores, np.array(targets), [h.item_ids for h in hists]))
+        assert cost["relay@8"][f"ndcg@10_{key}"] == pytest.approx(expected["ndcg@10"], abs=1e-9)
+        assert cost["relay@8"][f"hr@10_{key}"] == pytest.approx(expected["hr@10"], abs=1e-9)
