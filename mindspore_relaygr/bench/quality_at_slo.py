@@ -149,6 +149,8 @@ def plot_quality_at_slo(report: dict[str, Any], path: Any) -> None:
     rows = report["quality"]["rows"]
     bx.plot([r["cap"] for r in rows], [r["ndcg@10"] for r in rows], "o-")
     bx.set(xscale="log", xlabel="history cap (events)", ylabel="test NDCG@10", title="the model vs its cap")
+    bx.minorticks_off()
+    bx.set_xticks([r["cap"] for r in rows], [str(r["cap"]) for r in rows])
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

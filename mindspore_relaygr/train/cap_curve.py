@@ -83,6 +83,7 @@ def plot_caps(report: dict[str, Any], path: str | Path) -> None:
     for metric, style in (("hr@10", "o-"), ("ndcg@10", "s-")):
         ax.plot(caps, [r[metric] for r in rows], style, label=metric.upper())
     ax.set_xscale("log")
+    ax.minorticks_off()
     ax.set_xticks(caps, [str(c) for c in caps])
     ax.set_xlabel("serving cap (most recent events)")
     ax.set_ylabel("test metric (full ranking)" if report["split"] == "test" else "validation metric")
