@@ -204,4 +204,8 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def write_report(report: dict[str, Any], path: str | Path) -> None:
+    """The evaluation JSON, with the machine it ran on (measured now unless the report has it)."""
+    from mindspore_relaygr.bench.machine import machine_info
+
+    report.setdefault("machine", machine_info())
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
