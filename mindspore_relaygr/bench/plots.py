@@ -8,7 +8,8 @@ from typing import Any
 HIT_TIERS = ("device", "dram", "inflight", "partial", "miss")
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,7 +20,7 @@ def _pyplot():
 
 def plot_slo_throughput(result: dict[str, Any], path: Path) -> None:
     """P99 ranking latency vs offered QPS for both modes, with the SLO line."""
-    plt = _pyplot()
+    plt = pyplot()
     by_slo = bool(result.get("by_slo"))
     fig, axes = plt.subplots(1, 3 if by_slo else 2, figsize=(16 if by_slo else 11, 4))
     ax, bx = axes[0], axes[1]
@@ -54,7 +55,7 @@ def matplotlib_ticker():
 def plot_model_bench(report: dict[str, Any], path: Path, target_share: float = 0.5) -> None:
     """`bench model`: median latency of each path vs prefix length, and each path's share of the matmul rate
     (near: the faster measurement right before / after it) with the target line."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
     rows = report["results"]
     series: dict[str, list[dict[str, Any]]] = {}
@@ -87,7 +88,7 @@ def plot_model_bench(report: dict[str, Any], path: Path, target_share: float = 0
 
 def plot_max_seq(result: dict[str, Any], path: Path) -> None:
     """P99 vs history length for both modes (SLO line) and the longest compliant length."""
-    plt = _pyplot()
+    plt = pyplot()
     by_slo = bool(result.get("by_slo"))
     fig, axes = plt.subplots(1, 3 if by_slo else 2, figsize=(16 if by_slo else 11, 4),
                              gridspec_kw={"width_ratios": [2, 1, 1.5] if by_slo else [2, 1]})
@@ -133,7 +134,7 @@ def _plot_by_slo(ax: Any, result: dict[str, Any], ylabel: str) -> None:
 
 
 def plot_ablation(rows: list[dict[str, Any]], slo_ms: float, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     names = [r["variant"] for r in rows]
     ax.bar(names, [r["p99_ms"] for r in rows], color="tab:orange")
@@ -149,7 +150,7 @@ def plot_ablation(rows: list[dict[str, Any]], slo_ms: float, path: Path) -> None
 
 def plot_cluster(report: dict[str, Any], path: Path) -> None:
     """`relaygr bench cluster`: rank P99 vs offered QPS per mode (SLO line) and cache hit rate per mode."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     styles = {"baseline": "o-", "relay": "s-", "relay_no_affinity": "^--"}
     for mode in report["modes"]:
@@ -172,7 +173,7 @@ def plot_cluster(report: dict[str, Any], path: Path) -> None:
 
 def plot_overload(report: dict[str, Any], path: Path) -> None:
     """`relaygr bench overload`: goodput and 503s vs offered load; accepted-rank P99 and 503 latency vs the SLO."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     rows = sorted(report["single"], key=lambda r: r["multiple"])
     load = [r["multiple"] for r in rows]

@@ -133,11 +133,9 @@ def format_report(report: dict[str, Any]) -> str:
 
 def plot_quality_at_slo(report: dict[str, Any], path: Any) -> None:
     """NDCG@10 each mode reaches vs the budget, and the model's NDCG@10 vs cap."""
-    import matplotlib
+    from mindspore_relaygr.bench.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     table = report["table"]
     for mode, style in (("baseline", "o-"), ("relay", "s-")):

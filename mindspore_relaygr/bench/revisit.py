@@ -176,9 +176,9 @@ def format_table(report: dict[str, Any]) -> str:
 def plot_revisit(report: dict[str, Any], path: Path) -> None:
     """Left: tier shares (stacked) vs measured revisit rate, expander on (and the hit rate with it off).
     Right: rank P99 (and P50) vs revisit rate, with the SLO."""
-    from mindspore_relaygr.bench.plots import _pyplot
+    from mindspore_relaygr.bench.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
     by_mode = {
         m: sorted((r for r in report["results"] if r["expander"] is m and r.get("extension", True)),

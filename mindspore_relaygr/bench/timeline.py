@@ -1,6 +1,6 @@
 """Real-timeline workload: MovieLens users' own event streams as ranking load.
 
-A user *visits* where their timeline pauses for longer than `session_gap_s`. The visit's request
+A user *visits* where their timeline pauses for longer than `visit_gap_s`. The visit's request
 is the user's history before the visit (the most recent `max_len` events); the user's next request
 is that history grown by the events of the visit, so revisits, growth and partial cache hits come
 from real behaviour instead of a Zipf draw. Visits with fewer than `min_history` past events are
@@ -38,7 +38,7 @@ class TimelineSpec:
     data_path: str = "ml-1m"  # a bundled dataset name or a MovieLens path (see load_movielens)
     num_requests: int = 1000
     qps: float = 2.0
-    session_gap_s: float = 1800.0  # a longer pause in a user's timeline starts a new visit
+    visit_gap_s: float = 1800.0  # a longer pause in a user's timeline starts a new visit
     min_history: int = 20  # past events a visit needs to be ranked
     max_len: int = 4096  # the serving cap: a request carries the most recent max_len events
     gap_ms: float = 50.0  # mean retrieval -> ranking gap: min_gap_ms + an exponential tail
@@ -48,7 +48,7 @@ class TimelineSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        checks = {"num_requests": self.num_requests >= 1, "qps": self.qps > 0, "session_gap_s": self.session_gap_s > 0,
+        checks = {"num_requests": self.num_requests >= 1, "qps": self.qps > 0, "visit_gap_s": self.visit_gap_s > 0,
                   "min_history": self.min_history >= 1, "max_len": self.max_len >= 1,
                   "num_candidates": self.num_candidates >= 1, "min_gap_ms": 0 <= self.min_gap_ms <= self.gap_ms}
         bad = [name for name, ok in checks.items() if not ok]
@@ -62,13 +62,13 @@ class TimelineRequest(Request):
     visit_len: int = 0  # events of this visit (what the user's next request has grown by, at most)
 
 
-def find_visits(sequences: dict[int, History], session_gap_s: float, min_history: int) -> np.ndarray:
+def find_visits(sequences: dict[int, History], visit_gap_s: float, min_history: int) -> np.ndarray:
     """Every visit of every user as rows (real start time, user, end, visit length), in real-time order
-    (ties by user). A visit starts at a user's first event and after every pause > session_gap_s."""
+    (ties by user). A visit starts at a user's first event and after every pause > visit_gap_s."""
     rows = []
     for user, hist in sequences.items():
         ts = np.asarray(hist.timestamps, dtype=np.int64)
-        starts = np.flatnonzero(np.r_[True, np.diff(ts) > session_gap_s])
+        starts = np.flatnonzero(np.r_[True, np.diff(ts) > visit_gap_s])
         lens = np.diff(np.r_[starts, len(ts)])
         keep = starts >= min_history
         for start, length in zip(starts[keep], lens[keep], strict=True):
@@ -106,10 +106,10 @@ class TimelineWorkload:
             sequences, num_items = load_sequences(spec.data_path)
         if num_items is None:
             num_items = max(int(h.item_ids.max()) for h in sequences.values() if len(h))
-        visits = find_visits(sequences, spec.session_gap_s, spec.min_history)
+        visits = find_visits(sequences, spec.visit_gap_s, spec.min_history)
         if len(visits) < spec.num_requests:
             raise WorkloadError(f"timeline: {len(visits)} visits have >= {spec.min_history} past events "
-                             f"(session gap {spec.session_gap_s:g} s), fewer than num_requests={spec.num_requests}")
+                             f"(session gap {spec.visit_gap_s:g} s), fewer than num_requests={spec.num_requests}")
         rng = np.random.default_rng(spec.seed)
         offset = int(rng.integers(0, len(visits) - spec.num_requests + 1))
         chosen = visits[offset:offset + spec.num_requests]
@@ -226,7 +226,7 @@ def format_description(info: dict[str, Any]) -> str:
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
-    spec = TimelineSpec(data_path=args.data, num_requests=args.requests, qps=args.qps, session_gap_s=args.session_gap_s,
+    spec = TimelineSpec(data_path=args.data, num_requests=args.requests, qps=args.qps, visit_gap_s=args.visit_gap_s,
                         min_history=args.min_history, max_len=args.max_len, gap_ms=args.gap_ms,
                         min_gap_ms=args.min_gap_ms, num_candidates=args.candidates, seed=args.seed)
     workload = TimelineWorkload.generate(spec)
@@ -247,7 +247,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default=defaults.data_path, help="bundled dataset name (ml-1m, ml-100k) or path")
     p.add_argument("--requests", type=int, default=defaults.num_requests)
     p.add_argument("--qps", type=float, default=defaults.qps, help="offered load (a bench may rescale it)")
-    p.add_argument("--session-gap-s", type=float, default=defaults.session_gap_s,
+    p.add_argument("--visit-gap-s", type=float, default=defaults.visit_gap_s,
                    help="a longer pause in a user's timeline starts a new visit")
     p.add_argument("--min-history", type=int, default=defaults.min_history, help="past events a visit needs")
     p.add_argument("--max-len", type=int, default=defaults.max_len, help="serving cap (most recent events)")

@@ -11,7 +11,6 @@ model per length).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -72,11 +71,9 @@ def format_caps(report: dict[str, Any]) -> str:
 
 def plot_caps(report: dict[str, Any], path: str | Path) -> None:
     """HR@10 and NDCG@10 vs the cap (log x)."""
-    import matplotlib
+    from mindspore_relaygr.bench.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = report["rows"]
     fig, ax = plt.subplots(figsize=(6, 4))
     caps = [r["cap"] for r in rows]
@@ -97,10 +94,8 @@ def plot_caps(report: dict[str, Any], path: str | Path) -> None:
 
 def write_caps(report: dict[str, Any], out: str | Path) -> None:
     """JSON (with the machine) and the PNG next to it."""
-    from mindspore_relaygr.bench.machine import machine_info
+    from mindspore_relaygr.bench.model_bench import write_report
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    report.setdefault("machine", machine_info())
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(report, out)
     plot_caps(report, out.with_suffix(".png"))

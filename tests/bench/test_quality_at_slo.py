@@ -38,7 +38,7 @@ def test_quality_at_slo_command_end_to_end(tmp_path, capsys):
     save_config(cfg, config_path)
     RelayGRModel(cfg).save_checkpoint(checkpoint)
     workload = tmp_path / "tl.json"
-    assert main(["workload", "timeline", "--data", str(data), "--requests", "30", "--session-gap-s", "1000",
+    assert main(["workload", "timeline", "--data", str(data), "--requests", "30", "--visit-gap-s", "1000",
                  "--min-history", "3", "--out", str(workload)]) == 0
     out = tmp_path / "q.json"
     assert main(["bench", "quality-at-slo", "--checkpoint", str(checkpoint), "--config", str(config_path),
@@ -76,7 +76,7 @@ def test_truncated_ranks_are_scored_on_the_events_they_used(tmp_path):
     cfg = load_config(CONFIGS / "tiny.yaml", synthetic_overrides(data, tmp_path / "run"))
     model = RelayGRModel(cfg)
     randomize_weights(model, seed=5)
-    timeline = TimelineWorkload.generate(TimelineSpec(data_path=str(data), num_requests=12, session_gap_s=1000,
+    timeline = TimelineWorkload.generate(TimelineSpec(data_path=str(data), num_requests=12, visit_gap_s=1000,
                                                       min_history=6))
     rows = [{"request": asdict(r), "ranked_events": 2 + i % 3} for i, r in enumerate(timeline.requests)]
     cost = truncation_cost(model, cfg, timeline, [{"mode": "relay", "length": 8, "truncated_requests": rows},

