@@ -321,6 +321,7 @@ class DataConfig:
 
 
 TRAIN_INITS = ("xavier", "model")
+LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass
@@ -330,6 +331,7 @@ class TrainConfig:
     epochs: int = 10  # at most; early stopping may end sooner
     batch_size: int = 128  # users per step
     lr: float = 1e-3
+    lr_schedule: str = "constant"  # cosine: per step from lr to 0 at the end of `epochs` (an early stop ends sooner)
     beta2: float = 0.98  # AdamW second-moment decay (the HSTU reference)
     weight_decay: float = 0.0
     num_negatives: int = 128  # uniform negatives of each position in the every-position sampled softmax
@@ -376,6 +378,8 @@ class TrainConfig:
                  f"must be a multiple of train.sasrec_num_heads={self.sasrec_num_heads}")
         _require(0.0 <= self.sasrec_dropout < 1.0, "train.sasrec_dropout", self.sasrec_dropout, "must be in [0, 1)")
         _require(self.init in TRAIN_INITS, "train.init", self.init, f"must be one of {TRAIN_INITS}")
+        _require(self.lr_schedule in LR_SCHEDULES, "train.lr_schedule", self.lr_schedule,
+                 f"must be one of {LR_SCHEDULES}")
         _require(self.negative_pool >= self.num_negatives, "train.negative_pool", self.negative_pool,
                  f"must be >= train.num_negatives={self.num_negatives}")
 

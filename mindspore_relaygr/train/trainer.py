@@ -36,9 +36,10 @@ import numpy as np
 from mindspore_relaygr.config import RelayGRConfig, save_config
 from mindspore_relaygr.data.sequences import cap_history
 from mindspore_relaygr.errors import ConfigError
-from mindspore_relaygr.train.batches import FORWARD_FIELDS, TARGET_FIELDS, BatchShape, Shard, iter_batches
+from mindspore_relaygr.train.batches import FORWARD_FIELDS, TARGET_FIELDS, BatchShape, Shard, iter_batches, plan_batches
 from mindspore_relaygr.train.dataset import PreparedData, prepare_data
 from mindspore_relaygr.train.full_ranking import BatchedScorer, metrics_of, ranking_cases
+from mindspore_relaygr.train.lr_schedule import step_learning_rates
 
 logger = logging.getLogger(__name__)
 
@@ -160,14 +161,16 @@ class Trainer:
         if self.tc.init == "xavier":
             init_weights(self.model.net, config.model.d_model, config.model.seed, self.tc.rab_init)
         self.progress = progress or (lambda msg: logger.info("%s", msg))
-        self.optimizer = nn.Adam(self._param_groups(), learning_rate=self.tc.lr, beta1=0.9, beta2=self.tc.beta2,
-                                 weight_decay=self.tc.weight_decay)
-        self.loss_cell = _loss_cell(self.model.net, config, self.shape)
-        self.step_cell = nn.TrainOneStepCell(self.loss_cell, self.optimizer)
-        self.step_cell.set_train(True)
         self.rng = np.random.default_rng(self.tc.seed)
         train_seqs = self.data.training_sequences(self.tc.train_on_valid)
         self.windows = {u: cap_history(s, self.data.max_history_len) for u, s in train_seqs.items()}
+        self.steps_per_epoch = len(plan_batches(self.windows, config.model, self.tc.batch_size,
+                                                np.random.default_rng(0)))  # the count does not depend on the order
+        self.optimizer = nn.Adam(self._param_groups(), learning_rate=self._learning_rates(1.0), beta1=0.9,
+                                 beta2=self.tc.beta2, weight_decay=self.tc.weight_decay)
+        self.loss_cell = _loss_cell(self.model.net, config, self.shape)
+        self.step_cell = nn.TrainOneStepCell(self.loss_cell, self.optimizer)
+        self.step_cell.set_train(True)
         self.valid_cases = ranking_cases(self.data.split.valid, self.data.max_history_len, self.tc.max_eval_users)
         self.scorer = BatchedScorer(self.model.net, config.model, self.data.num_items)
 
@@ -185,7 +188,11 @@ class Trainer:
         tables = [p for p in params if p.name.rsplit(".", 1)[-1] in SCALED_TABLES]
         rest = [p for p in params if p.name.rsplit(".", 1)[-1] not in SCALED_TABLES]
         scale = float(np.sqrt(self.config.model.d_model))
-        return [{"params": tables, "lr": self.tc.lr * scale}, {"params": rest}]
+        return [{"params": tables, "lr": self._learning_rates(scale)}, {"params": rest}]
+
+    def _learning_rates(self, scale: float) -> float | list[float]:
+        """train.lr * scale at every step of `train.epochs` epochs, shaped by `train.lr_schedule`."""
+        return step_learning_rates(self.tc.lr * scale, self.tc.lr_schedule, self.tc.epochs * self.steps_per_epoch)
 
     def train_step(self, batch: dict[str, np.ndarray], noise_rng: np.random.Generator) -> float:
         """One optimizer step on one batch, dropout masks drawn from `noise_rng`; returns the loss (before the
