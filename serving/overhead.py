@@ -5,7 +5,8 @@
 Starts one instance (`relaygr serve`, 127.0.0.1, stopped by PID at the end) and, meanwhile, builds the
 same engine in this process. One user's prefix is pre-inferred on each side; then the same rank
 request (prefix + suffix events, candidates) is timed `--repeats` times over HTTP (keep-alive,
-client-side wall clock) and in process. Both paths serve from the device cache. Prints a table,
+client-side wall clock) and in process, in alternating rounds of `--round` requests so that the
+machine's drift reaches both paths alike. Both paths serve from the device cache. Prints a table,
 writes JSON; the target is HTTP/in-process <= 1.2 at prefix 1024.
 """
 
@@ -22,6 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,26 +72,54 @@ def _summary(ms: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(ms), "p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2])}
 
 
-def _time_http(url: str, req: dict, repeats: int) -> tuple[list[float], list[float], str]:
-    import http.client
+class _HttpRanker:
+    """The rank request over one kept-alive connection: `rank()` -> (end-to-end ms, server total ms, tier)."""
 
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=120)  # one kept-alive connection
-    body = json.dumps({"user_id": USER, "history": req["history"], "candidates": {"item_ids": req["candidates"]}})
-    hdrs = {"Content-Type": "application/json", headers.AFFINITY: USER}
-    e2e, server, tiers = [], [], set()
-    for _ in range(repeats + 3):  # 3 warm-up requests
+    def __init__(self, url: str, req: dict) -> None:
+        import http.client
+
+        host, port = url.removeprefix("http://").split(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        self.body = json.dumps({"user_id": USER, "history": req["history"],
+                                "candidates": {"item_ids": req["candidates"]}})
+        self.headers = {"Content-Type": "application/json", headers.AFFINITY: USER}
+
+    def rank(self) -> tuple[float, float, str]:
         t0 = time.perf_counter()
-        conn.request("POST", "/v1/rank", body=body, headers=hdrs)
-        resp = conn.getresponse()
+        self.conn.request("POST", "/v1/rank", body=self.body, headers=self.headers)
+        resp = self.conn.getresponse()
         payload = json.loads(resp.read())
-        e2e.append((time.perf_counter() - t0) * 1e3)
+        e2e_ms = (time.perf_counter() - t0) * 1e3
         if resp.status != 200:
             raise RuntimeError(f"/v1/rank answered {resp.status}: {payload}")
-        server.append(payload["timings_ms"]["total"])
-        tiers.add(resp.getheader(headers.CACHE))
-    conn.close()
-    return e2e[3:], server[3:], ",".join(sorted(tiers))
+        return e2e_ms, payload["timings_ms"]["total"], resp.getheader(headers.CACHE)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _time_alternating(http_rank: Callable[[], tuple[float, float, str]],
+                      local_rank: Callable[[], tuple[float, str]], repeats: int, round_len: int,
+                      warmup: int = 3) -> dict[str, Any]:
+    """`repeats` timings of each path, in alternating rounds of `round_len` (HTTP first), after `warmup` calls
+    of each that are not kept."""
+    for _ in range(warmup):
+        http_rank()
+        local_rank()
+    e2e, server, local, http_tiers, local_tiers = [], [], [], set(), set()
+    while len(e2e) < repeats:
+        n = min(round_len, repeats - len(e2e))
+        for _ in range(n):
+            e, s, tier = http_rank()
+            e2e.append(e)
+            server.append(s)
+            http_tiers.add(tier)
+        for _ in range(n):
+            ms, tier = local_rank()
+            local.append(ms)
+            local_tiers.add(tier)
+    return {"e2e": e2e, "server": server, "local": local, "http_tiers": ",".join(sorted(http_tiers)),
+            "local_tiers": sorted(local_tiers)}
 
 
 def _wait_cached_http(opener: Any, url: str, prefix: dict) -> None:
@@ -138,20 +168,22 @@ def run(args: argparse.Namespace) -> dict:
         engine = RelayEngine.from_config(config, instance_id="in-process")  # warms up while the server does
         _wait_ready(opener, url, proc, args.ready_timeout)
         _wait_cached_http(opener, url, req["prefix"])
-        e2e, server, http_tiers = _time_http(url, req, args.repeats)
-
         decision = engine.preinfer(USER, req["prefix"])
         if not decision.admitted and decision.reason != "already_cached":
             raise RuntimeError(f"pre-infer not admitted in process: {decision}")
         engine.wait_prefills(600)
-        local, local_tiers = [], set()
-        for _ in range(args.repeats + 3):
+
+        def local_rank() -> tuple[float, str]:
             t0 = time.perf_counter()
             result = engine.rank(USER, req["history"], req["candidates"])
-            local.append((time.perf_counter() - t0) * 1e3)
-            local_tiers.add(result.cache)
-        local = local[3:]
-        engine.close()
+            return (time.perf_counter() - t0) * 1e3, result.cache
+
+        ranker = _HttpRanker(url, req)
+        try:
+            timed = _time_alternating(ranker.rank, local_rank, args.repeats, args.round)
+        finally:
+            ranker.close()
+            engine.close()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -162,9 +194,10 @@ def run(args: argparse.Namespace) -> dict:
                 proc.wait()
         log.close()
     report = {"config": str(args.config), "overrides": args.override, "prefix_len": args.prefix_len,
-              "suffix": args.suffix, "candidates": args.candidates, "repeats": args.repeats,
-              "http_e2e_ms": _summary(e2e), "http_server_total_ms": _summary(server),
-              "in_process_ms": _summary(local), "http_tiers": http_tiers, "in_process_tiers": sorted(local_tiers)}
+              "suffix": args.suffix, "candidates": args.candidates, "repeats": args.repeats, "round": args.round,
+              "http_e2e_ms": _summary(timed["e2e"]), "http_server_total_ms": _summary(timed["server"]),
+              "in_process_ms": _summary(timed["local"]), "http_tiers": timed["http_tiers"],
+              "in_process_tiers": timed["local_tiers"]}
     report["ratio_p50"] = report["http_e2e_ms"]["p50"] / report["in_process_ms"]["p50"]
     report["ratio_mean"] = report["http_e2e_ms"]["mean"] / report["in_process_ms"]["mean"]
     return report
@@ -184,6 +217,13 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving.overhead", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -192,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix-len", type=int, default=1024)
     parser.add_argument("--suffix", type=int, default=32)
     parser.add_argument("--candidates", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--repeats", type=_positive_int, default=1000, help="timed ranks per path")
+    parser.add_argument("--round", type=_positive_int, default=20,
+                        help="ranks per path before switching to the other (alternating rounds)")
     parser.add_argument("--ready-timeout", type=float, default=1800.0)
     parser.add_argument("--log", default="outputs/serving_overhead.server.log")
     parser.add_argument("--out", default="outputs/serving_overhead.json")

@@ -46,3 +46,27 @@ def test_the_optimizer_follows_the_cosine_schedule(synthetic_config, tmp_path):
     cosine = train(_cfg(synthetic_config, tmp_path / "cosine", *two, "train.lr_schedule=cosine"))
     assert cosine.step_losses[:2] == constant.step_losses[:2]
     assert cosine.step_losses[-1] != constant.step_losses[-1]
+
+
+class _StopAtEpoch(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_a_resumed_cosine_run_continues_its_schedule(synthetic_config, tmp_path):
+    """The optimizer's step counter is in last.ckpt: a run stopped after epoch 1 of 2 and resumed trains epoch 2
+    at the rates of the uninterrupted run, so its losses are the same."""
+    from mindspore_relaygr.train.trainer import train
+    from tests.train.test_trainer import _cfg
+
+    two = ["train.epochs=2", "train.eval_every=1", "train.lr_schedule=cosine"]
+    whole = train(_cfg(synthetic_config, tmp_path / "whole", *two))
+
+    def stop_in_epoch_2(message: str) -> None:
+        if message.startswith("epoch 2/2"):
+            raise _StopAtEpoch(message)
+
+    with pytest.raises(_StopAtEpoch):
+        train(_cfg(synthetic_config, tmp_path / "stopped", *two), progress=stop_in_epoch_2)
+    resumed = train(_cfg(synthetic_config, tmp_path / "stopped", *two), resume=True)
+    assert resumed.epoch_losses == whole.epoch_losses
