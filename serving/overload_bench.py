@@ -227,21 +227,43 @@ def forwarding_run(spec: ClusterSpec, workload: Workload, direct: str, via_nginx
     def saturate() -> None:
         results["direct"] = open_loop(direct, workload, saturating_rps, max_workers)
 
+    instances = {f"i{k}": f"http://{HOST}:{port}" for k, port in enumerate(spec.instance_ports)}
+    before = {name: admission_counts(url) for name, url in instances.items()}
     loader = threading.Thread(target=saturate)
     loader.start()
     time.sleep(0.1 * direct_s)  # i0 is saturated before the routed ranks start
     outcomes, target = open_loop(via_nginx, routed, routed.spec.qps, max_workers)
     loader.join()
     direct_outcomes, _ = results["direct"]
+    after = {name: admission_counts(url) for name, url in instances.items()}
     row = {"direct_rps": saturating_rps, "direct": point_summary(direct_outcomes, saturating_rps, slo_ms),
            "via_nginx": point_summary(outcomes, routed_rps, slo_ms),
            "via_nginx_failed": sum(1 for o in outcomes if o.status != 200),
-           "via_nginx_instances": target.instance_counts().get("rank", {})}
+           "via_nginx_instances": target.instance_counts().get("rank", {}),
+           "admission": {name: {k: after[name][k] - before[name][k] for k in ADMISSION_COUNTS}
+                         for name in instances}}
     p99 = row["via_nginx"]["accepted_p99_ms"]
+    i1 = row["admission"].get("i1", {})
     say(f"forwarding: i0 at {saturating_rps:.0f} ranks/s direct ({row['direct']['rejected_503']} x 503); "
         f"{row['via_nginx']['ranks']} ranks of i0's users through nginx answered by {row['via_nginx_instances']}, "
-        f"{row['via_nginx_failed']} failed, P99 {'-' if p99 is None else f'{p99:.1f}'} ms")
+        f"{row['via_nginx_failed']} failed, P99 {'-' if p99 is None else f'{p99:.1f}'} ms; i1 admitted "
+        f"{i1.get('admitted')} ({i1.get('admitted_last_resort')} on their last try over the normal budget), "
+        f"refused {i1.get('rejected')}")
     return row
+
+
+ADMISSION_COUNTS = ("admitted", "rejected", "admitted_last_resort")
+
+
+def admission_counts(url: str) -> dict[str, int]:
+    """An instance's admission counters from `/v1/stats` (zeros when admission control is off)."""
+    import json
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"{url}/v1/stats", timeout=30) as resp:
+        admission = json.loads(resp.read()).get("admission") or {}
+    return {k: int(admission.get(k, 0)) for k in ADMISSION_COUNTS}
 
 
 def point_line(r: dict[str, Any]) -> str:

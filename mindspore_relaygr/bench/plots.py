@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,34 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
+    """Lay the figure out, add a footer naming the machine it was measured on (`machine_caption`), save it."""
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.text(0.995, 0.005, machine_caption(_plot_machine()), ha="right", va="bottom", fontsize=7, color="0.35")
+    fig.savefig(path, dpi=dpi)
+
+
+def machine_caption(machine: dict[str, Any]) -> str:
+    """"AMD EPYC, 2 cores, fp32 matmul 165 GFLOP/s, MindSpore 2.10.0, 2026-11-26 08:19 UTC" from `machine_info()`."""
+    rate = max(machine["matmul_gflops"], default=None)
+    matmul = f", fp32 matmul {rate:.0f} GFLOP/s" if rate else ""
+    return (f"{machine['cpu_model']}, {machine['cores']} cores{matmul}, MindSpore {machine['mindspore']}, "
+            f"{machine['date_utc']} UTC")
+
+
+@functools.lru_cache(maxsize=1)
+def _measured_machine() -> dict[str, Any]:
+    from mindspore_relaygr.bench.machine import machine_info
+
+    return machine_info(matmul_runs=1)  # once per process: a training run redraws its curve every epoch
+
+
+def _plot_machine() -> dict[str, Any]:
+    import datetime as dt
+
+    return {**_measured_machine(), "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")}
 
 
 def plot_slo_throughput(result: dict[str, Any], path: Path) -> None:
@@ -41,8 +70,7 @@ def plot_slo_throughput(result: dict[str, Any], path: Path) -> None:
     bx.legend(fontsize=8)
     if by_slo:
         _plot_by_slo(axes[2], result, "SLO-compliant QPS")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -81,8 +109,7 @@ def plot_model_bench(report: dict[str, Any], path: Path, target_share: float = 0
         axis.set_xticklabels([str(p) for p in lens])
     ax.legend(fontsize=7, ncol=2)
     bx.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -104,8 +131,7 @@ def plot_max_seq(result: dict[str, Any], path: Path) -> None:
     bx.set(ylabel="longest compliant length", title=f"longest sequence: {_ratio_label(result)}")
     if by_slo:
         _plot_by_slo(axes[2], result, "longest compliant length (events)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -143,8 +169,7 @@ def plot_ablation(rows: list[dict[str, Any]], slo_ms: float, path: Path) -> None
         ax.text(i, r["p99_ms"], f"hit {r['hit_rate']:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set(ylabel="rank P99 (ms)", title="relay with one mechanism disabled")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -166,8 +191,7 @@ def plot_cluster(report: dict[str, Any], path: Path) -> None:
     bx.set(xlabel="offered load (QPS)", ylabel="share of ranks served from a cache", ylim=(-0.05, 1.05),
            title="cache hit rate (affinity vs random instance)")
     bx.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -191,6 +215,5 @@ def plot_overload(report: dict[str, Any], path: Path) -> None:
     top = max([report["slo_ms"], *(v for v in p99 if v is not None)])
     bx.set(xlabel="offered load (x saturating throughput)", ylabel="ms", title="latency", ylim=(0, 1.15 * top))
     bx.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)

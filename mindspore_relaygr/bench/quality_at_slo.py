@@ -133,7 +133,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 def plot_quality_at_slo(report: dict[str, Any], path: Any) -> None:
     """NDCG@10 each mode reaches vs the budget, and the model's NDCG@10 vs cap."""
-    from mindspore_relaygr.bench.plots import pyplot
+    from mindspore_relaygr.bench.plots import pyplot, save_figure
 
     plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
@@ -149,8 +149,7 @@ def plot_quality_at_slo(report: dict[str, Any], path: Any) -> None:
     bx.set(xscale="log", xlabel="history cap (events)", ylabel="test NDCG@10", title="the model vs its cap")
     bx.minorticks_off()
     bx.set_xticks([r["cap"] for r in rows], [str(r["cap"]) for r in rows])
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 

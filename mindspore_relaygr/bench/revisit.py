@@ -176,7 +176,7 @@ def format_table(report: dict[str, Any]) -> str:
 def plot_revisit(report: dict[str, Any], path: Path) -> None:
     """Left: tier shares (stacked) vs measured revisit rate, expander on (and the hit rate with it off).
     Right: rank P99 (and P50) vs revisit rate, with the SLO."""
-    from mindspore_relaygr.bench.plots import pyplot
+    from mindspore_relaygr.bench.plots import pyplot, save_figure
 
     plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -219,8 +219,7 @@ def plot_revisit(report: dict[str, Any], path: Path) -> None:
     bx.axhline(report["slo_ms"], color="red", linestyle="--", label=f"SLO {report['slo_ms']:g} ms")
     bx.set(xlabel="measured revisit rate", ylabel="rank latency (ms)", title="ranking latency")
     bx.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 

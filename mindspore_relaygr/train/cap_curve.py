@@ -71,7 +71,7 @@ def format_caps(report: dict[str, Any]) -> str:
 
 def plot_caps(report: dict[str, Any], path: str | Path) -> None:
     """HR@10 and NDCG@10 vs the cap (log x)."""
-    from mindspore_relaygr.bench.plots import pyplot
+    from mindspore_relaygr.bench.plots import pyplot, save_figure
 
     plt = pyplot()
     rows = report["rows"]
@@ -87,8 +87,7 @@ def plot_caps(report: dict[str, Any], path: str | Path) -> None:
     ax.set_title(f"one model (trained on up to {report['model_max_history']} events) vs its input cap")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mindspore_relaygr.bench.plots import save_figure
 from mindspore_relaygr.config import load_config
 
 BASE_BUCKETS = (64, 128, 256, 512, 1024, 2048)
@@ -97,6 +98,5 @@ def plot_length_curve(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     ax.set(xlabel="longest history (events)", ylabel="test metric",
            title=f"quality vs history length ({users} users, all items)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mindspore_relaygr.bench.plots import save_figure
+
 
 def plot_training(report: dict[str, Any], path: str | Path) -> None:
     """Two panels from a `train_metrics.json` report: training loss per epoch, validation metrics per epoch."""
@@ -28,6 +30,5 @@ def plot_training(report: dict[str, Any], path: str | Path) -> None:
         bx.set_axis_off()
         bx.text(0.5, 0.5, "no validation: the validation events trained (train.train_on_valid)",
                 ha="center", va="center", transform=bx.transAxes)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)

@@ -77,3 +77,7 @@ def test_harness_on_fake_engines_sheds_past_capacity_and_nginx_forwards(tmp_path
     assert fwd["via_nginx_failed"] == 0 and 30 <= fwd["via_nginx"]["ranks"] <= 120  # about --forwarded-ranks
     assert fwd["direct"]["rejected_503"] > 0
     assert fwd["via_nginx_instances"].get("i1", 0) > 0  # what i0 refused, nginx served from i1
+    # Each instance's admission counters over the run: i1 admitted exactly the ranks it answered, and i0
+    # refused at least the direct ranks answered 503 (plus the forwarded ones that then went to i1).
+    assert fwd["admission"]["i1"]["admitted"] == fwd["via_nginx_instances"]["i1"]
+    assert fwd["admission"]["i0"]["rejected"] >= fwd["direct"]["rejected_503"]

@@ -22,7 +22,7 @@ def test_cosine_falls_from_the_base_rate_towards_zero():
     assert lrs[0] == 0.01
     assert lrs[4] == pytest.approx(0.005)  # half way
     assert lrs[-1] == pytest.approx(0.01 * 0.5 * (1 + math.cos(math.pi * 7 / 8)))
-    assert all(a > b for a, b in zip(lrs, lrs[1:]))
+    assert all(a > b for a, b in zip(lrs[:-1], lrs[1:], strict=True))
 
 
 def test_bad_schedules_are_refused():
