@@ -38,8 +38,8 @@ def test_overhead_runs_end_to_end(tmp_path, capsys):
     """One instance on 127.0.0.1 (stopped by PID) against the same engine in process, both from the device
     cache."""
     out = tmp_path / "overhead.json"
-    one_bucket = ["-o", "model.len_buckets=[64]", "-o", "model.suffix_buckets=[8]", "-o",
-                  "model.candidate_buckets=[8]", "-o", "cache.max_prefix_len=64"]
+    one_bucket = ["-o", "model.len_buckets=[128]", "-o", "model.suffix_buckets=[16]", "-o",
+                  "model.candidate_buckets=[32]"]
     assert overhead.main(["--config", str(CONFIGS / "tiny.yaml"), *one_bucket, "--prefix-len", "48", "--suffix",
                           "8", "--candidates", "8", "--repeats", "6", "--round", "4", "--log",
                           str(tmp_path / "server.log"), "--out", str(out)]) == 0
