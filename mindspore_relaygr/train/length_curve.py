@@ -93,6 +93,7 @@ def plot_length_curve(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     for key, style in (("hr@10", "o-"), ("ndcg@10", "s-")):
         ax.plot(lengths, [r[key] for r in rows], style, label=key)
     ax.set_xscale("log")
+    ax.minorticks_off()
     ax.set_xticks(lengths, [str(n) for n in lengths])
     users = rows[0]["users"] if rows else 0
     ax.set(xlabel="longest history (events)", ylabel="test metric",
