@@ -214,7 +214,7 @@ def cmd_bench_headline(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -244,9 +244,9 @@ def _add_headline_args(parser: argparse.ArgumentParser, default_out: str, median
                              "latency at --cap-events, rounded up to 5 ms (see the model-zoo README)")
     parser.add_argument("--cap-events", type=int, default=1536,
                         help="production length cap of full inference, for --slo-ms auto")
-    parser.add_argument("--cap-calls", type=_positive_int, default=40,
+    parser.add_argument("--cap-calls", type=positive_int, default=40,
                         help="unloaded full-path calls at the cap timed before and after the run")
-    parser.add_argument("--requests", type=_positive_int, default=MIN_RANKS,
+    parser.add_argument("--requests", type=positive_int, default=MIN_RANKS,
                         help=f"requests (ranks) per point and mode; a P99 needs >= {MIN_RANKS}")
     parser.add_argument("--users", type=int, default=users)
     parser.add_argument("--median-len", type=int, default=median_len)
@@ -349,7 +349,7 @@ def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
     register_workload(sub)
     from mindspore_relaygr.bench.quality_at_slo import register as register_quality_at_slo
 
-    register_quality_at_slo(bench_sub, _positive_int, _slo_arg)
+    register_quality_at_slo(bench_sub, positive_int, _slo_arg)
     if extend is not None:
         extend(sub, bench_sub)
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from mindspore_relaygr.cli import positive_int
 from mindspore_relaygr.config import RelayGRConfig, load_config
 from serving import headers
 
@@ -217,13 +218,6 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving.overhead", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -232,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix-len", type=int, default=1024)
     parser.add_argument("--suffix", type=int, default=32)
     parser.add_argument("--candidates", type=int, default=128)
-    parser.add_argument("--repeats", type=_positive_int, default=1000, help="timed ranks per path")
-    parser.add_argument("--round", type=_positive_int, default=20,
+    parser.add_argument("--repeats", type=positive_int, default=1000, help="timed ranks per path")
+    parser.add_argument("--round", type=positive_int, default=20,
                         help="ranks per path before switching to the other (alternating rounds)")
     parser.add_argument("--ready-timeout", type=float, default=1800.0)
     parser.add_argument("--log", default="outputs/serving_overhead.server.log")

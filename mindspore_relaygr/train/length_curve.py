@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mindspore_relaygr.bench.plots import save_figure
+from mindspore_relaygr.bench.plots import pyplot, save_figure
 from mindspore_relaygr.config import load_config
 
 BASE_BUCKETS = (64, 128, 256, 512, 1024, 2048)
@@ -83,10 +83,7 @@ def format_curve(rows: Sequence[dict[str, Any]]) -> str:
 
 def plot_length_curve(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     """HR@10 and NDCG@10 vs the longest history (log x axis)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     lengths = [r["max_len"] for r in rows]

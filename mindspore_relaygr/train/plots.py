@@ -5,15 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mindspore_relaygr.bench.plots import save_figure
+from mindspore_relaygr.bench.plots import pyplot, save_figure
 
 
 def plot_training(report: dict[str, Any], path: str | Path) -> None:
     """Two panels from a `train_metrics.json` report: training loss per epoch, validation metrics per epoch."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     losses = report["epoch_losses"]
