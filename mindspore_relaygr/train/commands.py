@@ -1,4 +1,5 @@
-"""`relaygr train`, `baseline`, `eval`, `export` and `lengths`: registered on the CLI by `register(subparsers)`."""
+"""`relaygr train`, `baseline`, `eval`, `average`, `export`, `lengths` and `caps`: registered on the CLI by
+`register(subparsers)`."""
 
 from __future__ import annotations
 
@@ -121,6 +122,17 @@ def cmd_caps(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_average(args: argparse.Namespace) -> int:
+    from mindspore_relaygr.train.averaging import average_checkpoints
+
+    result = average_checkpoints(args.checkpoints, args.out, overwrite=args.overwrite)
+    names = ", ".join(p.name for p in result.sources)
+    print(f"wrote {result.path}: the mean of {len(result.sources)} checkpoints ({names}), "
+          f"{result.num_parameters} parameters" + (f"; copied {result.path.parent / 'config.yaml'}"
+                                                   if result.config_copied else ""))
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from mindspore_relaygr.data.movielens import load_movielens
     from mindspore_relaygr.export import Vocabulary, check_mindir, export_bundle, load_bundle
@@ -206,6 +218,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--sasrec-checkpoint", help="SASRec weights from `relaygr baseline` instead of training one")
     ev.add_argument("--out", help="report JSON (default: eval_<split>.json next to the checkpoint)")
     ev.set_defaults(func=cmd_eval)
+
+    avg = subparsers.add_parser("average", help="average the weights of checkpoints of one run (e.g. its last epochs)")
+    avg.add_argument("--checkpoints", nargs="+", required=True, help="epoch_NNN.ckpt files written by `relaygr train`")
+    avg.add_argument("--out", required=True, help="the averaged checkpoint (.ckpt); config.yaml is copied next to it")
+    avg.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    avg.set_defaults(func=cmd_average)
 
     ex = subparsers.add_parser("export", help="write a serving bundle (config, checkpoint, vocab, MindIR)")
     ex.add_argument("--checkpoint", required=True, help="checkpoint written by `relaygr train`")
