@@ -72,6 +72,9 @@ def register(subparsers: argparse._SubParsersAction, bench_subparsers: argparse.
                          help="affinity: consistent hash on the X-RelayGR-Affinity header (a user's pre-infer and "
                               "rank meet on one instance); random: a random instance per request (no-affinity "
                               "ablation)")
+    cluster.add_argument("--pin-cpus", action="store_true",
+                         help="one core per instance (instance k on core k mod cores, one MindSpore thread), as "
+                              "one device per instance: a saturated instance cannot slow the others")
     cluster.set_defaults(func=cmd_cluster)
 
 
@@ -133,7 +136,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                        max_body_bytes=resolve_settings(config).max_content_length,
                        max_conns=resolve_settings(config).threads,
                        engine_factory=args.engine_factory, bundle=args.bundle, nginx_bin=args.nginx,
-                       balance=args.balance)
+                       balance=args.balance, pin_cpus=args.pin_cpus)
     cluster = Cluster(spec)
     detached = False
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C

@@ -67,6 +67,10 @@ class ClusterSpec:
     bundle: str | None = None  # serving bundle directory instead of config_path
     nginx_bin: str | None = None
     balance: str = "affinity"  # one of BALANCES; "random" is the no-affinity ablation
+    # One core per instance (instance k on the k-th usable core, modulo their number), the CPU form of one
+    # device per instance: a saturated instance cannot slow its neighbours, as on separate devices. Each
+    # instance's MindSpore runs one thread unless context.num_threads is overridden.
+    pin_cpus: bool = False
 
     def __post_init__(self) -> None:
         if self.balance not in BALANCES:
@@ -90,6 +94,13 @@ class ClusterSpec:
     def servers(self) -> list[str]:
         """Upstream servers exactly as written in nginx.conf (what nginx hashes)."""
         return [f"{self.host}:{p}" for p in self.instance_ports]
+
+    def cpu_set(self, index: int) -> set[int] | None:
+        """The cores instance `index` is pinned to (None: not pinned)."""
+        if not self.pin_cpus:
+            return None
+        cores = sorted(os.sched_getaffinity(0))
+        return {cores[index % len(cores)]}
 
     def ring(self) -> NginxConsistentHash:
         """The Python port of nginx's choice for this cluster's upstream block."""
@@ -197,11 +208,14 @@ class Cluster:
             cmd += ["--config", str(Path(self.spec.config_path).resolve())]
         if self.spec.balance == "affinity":  # the instance learns when a rank is on its last try
             cmd += ["-o", f"serving.upstream_servers={json.dumps(self.spec.servers)}"]
+        cpus = self.spec.cpu_set(self.spec.instance_ids.index(instance_id))
+        if cpus is not None and not any(o.startswith("context.num_threads=") for o in self.spec.overrides):
+            cmd += ["-o", f"context.num_threads={len(cpus)}"]
         for override in self.spec.overrides:
             cmd += ["-o", override]
         if self.spec.engine_factory:
             cmd += ["--engine-factory", self.spec.engine_factory]
-        self.members.append(self._spawn(instance_id, port, cmd))
+        self.members.append(self._spawn(instance_id, port, cmd, cpus))
 
     def _start_nginx(self) -> None:
         nginx, conf, error_log = self._write_nginx_conf(self.spec)
@@ -245,12 +259,15 @@ class Cluster:
         self.spec = spec
         logger.info("nginx reloaded: balance=%s", balance)
 
-    def _spawn(self, name: str, port: int, cmd: list[str]) -> Member:
+    def _spawn(self, name: str, port: int, cmd: list[str], cpus: set[int] | None = None) -> Member:
         log_path = self.run_dir / "logs" / f"{name}.log"
+        # Pinned before exec, so every thread and worker process of the member inherits the mask.
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)  # own process group: stopped as a unit
-        logger.info("started %s (pid %d) on port %d, log %s", name, proc.pid, port, log_path)
+                                    start_new_session=True, preexec_fn=pin)  # own process group: stopped as a unit
+        logger.info("started %s (pid %d) on port %d%s, log %s", name, proc.pid, port,
+                    f", cores {sorted(cpus)}" if cpus else "", log_path)
         return Member(name, port, proc.pid, str(log_path), proc)
 
     def _write_state(self) -> None:

@@ -152,6 +152,7 @@ class OverloadSpec:
     median_len: int = 96
     num_candidates: int = 32
     engine_factory: str | None = None  # tests of the harness: a fake engine instead of RelayEngine
+    pin_cpus: bool = False  # one core per instance (ClusterSpec.pin_cpus)
 
     def __post_init__(self) -> None:
         if self.ranks < 2 or self.forwarded_ranks < 2 or not self.multiples or min(self.multiples) <= 0 \
@@ -173,11 +174,13 @@ def run_overload_bench(bench: OverloadSpec, say: Callable[[str], None]) -> dict[
     spec = ClusterSpec(port=free_port_block(3), num_instances=2, run_dir=bench.run_dir,
                        config_path=bench.config_path, overrides=bench.overrides, host=HOST, read_timeout_s=30.0,
                        max_conns=config.serving.threads,
-                       engine_factory=bench.engine_factory)
+                       engine_factory=bench.engine_factory, pin_cpus=bench.pin_cpus)
     cluster = Cluster(spec)
     report: dict[str, Any] = {"config": bench.config_path, "overrides": list(bench.overrides), "slo_ms": slo_ms,
                               "admission_fraction": config.relay.admission_fraction,
-                              "threads": config.serving.threads, "spec": asdict(workload.spec)}
+                              "threads": config.serving.threads, "pin_cpus": bench.pin_cpus,
+                              "cpu_sets": {i: sorted(spec.cpu_set(k) or []) for k, i in enumerate(spec.instance_ids)},
+                              "spec": asdict(workload.spec)}
     try:
         say(f"starting nginx + 2 instances (logs in {bench.run_dir / 'logs'})")
         cluster.start(1800.0)
@@ -305,6 +308,9 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-workers", type=int, default=64, help="client threads of the open-loop runs")
     p.add_argument("--median-len", type=int, default=96, help="median history length of the ranks")
     p.add_argument("--candidates", type=int, default=32)
+    p.add_argument("--pin-cpus", action="store_true",
+                   help="one core per instance (as one device per instance): the forwarding run then measures "
+                        "forwarding, not two instances contending for the same cores")
     p.add_argument("--engine-factory", default=None, metavar="MODULE:CALLABLE",
                    help="build the instances' engines with this instead of RelayEngine (tests of the harness)")
     p.add_argument("--out", default="outputs/bench_overload.json")
@@ -324,7 +330,7 @@ def cmd_bench_overload(args: argparse.Namespace) -> int:
                          saturate=args.saturate, forwarded_ranks=args.forwarded_ranks,
                          connections=args.connections, calibrate_s=args.calibrate_s,
                          max_workers=args.max_workers, median_len=args.median_len, num_candidates=args.candidates,
-                         engine_factory=args.engine_factory)
+                         engine_factory=args.engine_factory, pin_cpus=args.pin_cpus)
     machine = machine_info()  # before the servers start: measured after they stop, the CPU is still busy
     report = run_overload_bench(bench, say)
     out.parent.mkdir(parents=True, exist_ok=True)

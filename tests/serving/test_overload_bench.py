@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import pytest
 
@@ -64,10 +65,12 @@ def test_harness_on_fake_engines_sheds_past_capacity_and_nginx_forwards(tmp_path
                               "-o", "trigger.slo_ms=200",  # a budget of 140 ms: about 7 ranks at once
                               "--multiples", "0.5", "3", "--ranks", "150", "--calibrate-s", "2",
                               "--forwarded-ranks", "60",
-                              "--median-len", "40", "--candidates", "8", "--out", str(out)])
+                              "--median-len", "40", "--candidates", "8", "--pin-cpus", "--out", str(out)])
     assert args.func(args) == 0
     report = json.loads(out.read_text())
     assert out.with_suffix(".png").is_file() and out.with_suffix(".config.yaml").is_file()
+    cores = sorted(os.sched_getaffinity(0))
+    assert report["pin_cpus"] and report["cpu_sets"] == {"i0": [cores[0]], "i1": [cores[1 % len(cores)]]}
     low, high = report["single"]
     assert report["saturation"]["ok"] > 0 and report["saturation"]["other"] == 0
     assert low["other_errors"] == high["other_errors"] == 0
