@@ -174,8 +174,8 @@ class Cluster:
         """Instances first (until /readyz), then nginx; on any failure stop what was started."""
         self._prepare_run_dir()
         try:
-            for inst, port in zip(self.spec.instance_ids, self.spec.instance_ports, strict=True):
-                self._start_instance(inst, port)
+            for index, (inst, port) in enumerate(zip(self.spec.instance_ids, self.spec.instance_ports, strict=True)):
+                self._start_instance(inst, port, self.spec.cpu_set(index))
             self._write_state()
             deadline = time.monotonic() + ready_timeout_s
             for member in self.members:
@@ -198,7 +198,7 @@ class Cluster:
         for sub in ("logs", "tmp"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
 
-    def _start_instance(self, instance_id: str, port: int) -> None:
+    def _start_instance(self, instance_id: str, port: int, cpus: set[int] | None) -> None:
         pid_file = str(self.run_dir / f"{instance_id}.pid")
         cmd = [sys.executable, "-m", "serving.cli", "serve", "--host", self.spec.host,
                "--port", str(port), "--instance-id", instance_id, "--pid-file", pid_file]
@@ -208,7 +208,6 @@ class Cluster:
             cmd += ["--config", str(Path(self.spec.config_path).resolve())]
         if self.spec.balance == "affinity":  # the instance learns when a rank is on its last try
             cmd += ["-o", f"serving.upstream_servers={json.dumps(self.spec.servers)}"]
-        cpus = self.spec.cpu_set(self.spec.instance_ids.index(instance_id))
         if cpus is not None and not any(o.startswith("context.num_threads=") for o in self.spec.overrides):
             cmd += ["-o", f"context.num_threads={len(cpus)}"]
         for override in self.spec.overrides:

@@ -15,8 +15,6 @@ import numpy as np
 
 from mindspore_relaygr.errors import ConfigError
 
-CONFIG_NAME = "config.yaml"
-
 
 @dataclass(frozen=True)
 class AverageResult:
@@ -25,7 +23,7 @@ class AverageResult:
     path: Path
     sources: list[Path]
     num_parameters: int
-    config_copied: bool
+    config_copied: Path | None  # the run's config.yaml copied next to `path`, if it was
 
 
 def mean_weights(weights: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, np.ndarray]:
@@ -66,6 +64,8 @@ def average_checkpoints(paths: list[str | Path], out: str | Path, overwrite: boo
     """
     import mindspore as ms
 
+    from mindspore_relaygr.train.trainer import CONFIG_NAME
+
     sources = [Path(p) for p in paths]
     out = Path(out)
     missing = [str(p) for p in sources if not p.is_file()]
@@ -85,9 +85,8 @@ def average_checkpoints(paths: list[str | Path], out: str | Path, overwrite: boo
     tmp = out.with_suffix(".tmp.ckpt")
     ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in averaged.items()], str(tmp))
     tmp.replace(out)  # a stopped run never leaves a half-written checkpoint under the final name
-    config_copied = False
     source_config, out_config = sources[0].parent / CONFIG_NAME, out.parent / CONFIG_NAME
-    if source_config.is_file() and not out_config.exists():
+    copied = source_config.is_file() and not out_config.exists()
+    if copied:
         shutil.copyfile(source_config, out_config)
-        config_copied = True
-    return AverageResult(out, sources, len(averaged), config_copied)
+    return AverageResult(out, sources, len(averaged), out_config if copied else None)

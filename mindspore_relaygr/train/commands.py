@@ -128,8 +128,7 @@ def cmd_average(args: argparse.Namespace) -> int:
     result = average_checkpoints(args.checkpoints, args.out, overwrite=args.overwrite)
     names = ", ".join(p.name for p in result.sources)
     print(f"wrote {result.path}: the mean of {len(result.sources)} checkpoints ({names}), "
-          f"{result.num_parameters} parameters" + (f"; copied {result.path.parent / 'config.yaml'}"
-                                                   if result.config_copied else ""))
+          f"{result.num_parameters} parameters" + (f"; copied {result.config_copied}" if result.config_copied else ""))
     return 0
 
 
