@@ -29,6 +29,7 @@ from mindspore_relaygr.config import TrainConfig
 from mindspore_relaygr.data.sequences import EvalExample, PopularityModel
 from mindspore_relaygr.model.inputs import History
 from mindspore_relaygr.train.metrics import full_ranking_ranks, ranking_metrics_at
+from mindspore_relaygr.train.negatives import negative_weights
 
 logger = logging.getLogger(__name__)
 
@@ -123,11 +124,11 @@ def _build_cells(num_items: int, tc: TrainConfig, temperature: float) -> tuple[A
             super().__init__()
             self.net = net
 
-        def construct(self, seq, pos, neg, pick, *noise):
-            # seq, pos [B, L] (pos == 0: no target); neg [B, P] pool; pick [B, L, K] (see sampled_softmax_loss)
+        def construct(self, seq, pos, neg, neg_weight, *noise):
+            # seq, pos [B, L] (pos == 0: no target); neg [B, P] pool; neg_weight [B, L, P] (train.negatives)
             h = self.net(seq, *noise)
             return sampled_softmax_loss(h, ops.gather(self.net.items, pos, 0), ops.gather(self.net.items, neg, 0),
-                                        pos, neg, temperature, pick)
+                                        pos, neg, temperature, neg_weight)
 
     class ScoreAll(nn.Cell):
         def __init__(self, net: nn.Cell) -> None:
@@ -170,8 +171,9 @@ class SASRecTrainer:
         self.best: dict[str, float] | None = None  # the entry of `evals` whose parameters were kept
 
     def _batch(self, seqs: Sequence[History]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(input [batch, L], targets [batch, L], negative pool [batch, P], each position's picks from the pool
-        [batch, L, K]) int32, as the HSTU trainer samples them; rows past len(seqs) are padding."""
+        """(input [batch, L], targets [batch, L], negative pool [batch, P] int32, each position's draws of K of
+        the pool as weights [batch, L, P] float32), as the HSTU trainer samples them; rows past len(seqs) are
+        padding."""
         length, size = self.tc.sasrec_max_len, self.tc.sasrec_batch_size
         seq, pos = np.zeros((size, length), np.int32), np.zeros((size, length), np.int32)
         for row, history in enumerate(seqs):
@@ -179,8 +181,8 @@ class SASRecTrainer:
             seq[row] = left_pad(items[:-1], length)
             pos[row] = left_pad(items[1:], length)
         neg = self.rng.integers(1, self.num_items + 1, size=(size, self.tc.negative_pool)).astype(np.int32)
-        pick = self.rng.integers(0, self.tc.negative_pool, size=(size, length, self.tc.num_negatives)).astype(np.int32)
-        return seq, pos, neg, pick
+        pick = self.rng.integers(0, self.tc.negative_pool, size=(size, length, self.tc.num_negatives))
+        return seq, pos, neg, negative_weights(pick, pos, neg)
 
     def dropout_noise(self) -> tuple[np.ndarray, ...]:
         """One step's dropout noise, uniform random uint8 per dropout site: the embedding [batch, L, d], then per
@@ -223,9 +225,9 @@ class SASRecTrainer:
             order = self.rng.permutation(len(users))
             t0, tokens, batch_losses = time.perf_counter(), 0, []
             for start in range(0, len(users), size):
-                seq, pos, neg, pick = self._batch([train[users[i]] for i in order[start:start + size]])
+                seq, pos, neg, neg_weight = self._batch([train[users[i]] for i in order[start:start + size]])
                 tokens += int((pos > 0).sum())
-                inputs = (seq, pos, neg, pick, *self.dropout_noise())
+                inputs = (seq, pos, neg, neg_weight, *self.dropout_noise())
                 batch_losses.append(float(self.step_cell(*(Tensor(a) for a in inputs)).asnumpy()))
             seconds = time.perf_counter() - t0
             self.losses.append(float(np.mean(batch_losses)) if batch_losses else float("nan"))

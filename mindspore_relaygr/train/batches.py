@@ -5,7 +5,8 @@ serving graphs lay out a history (`train.feeds.prefix_inputs`), followed by `num
 (M-FALCON). Two kinds of supervision:
 - every history token predicts the item of the next token (`next_ids`, 0 = no target), scored against its
   own `num_negatives` uniform items (sampled softmax, as the HSTU reference), drawn from a pool of
-  `negative_pool` uniform items of the row (`neg_ids`; `neg_pick` says which of them each token uses);
+  `negative_pool` uniform items of the row (`neg_ids`; `neg_weight` says how often each token drew each of
+  them, `train.negatives`);
 - `num_cuts` candidate tokens (M-FALCON) per row, each cut after a random event t - 1 of the window: the
   candidate is event t's item and sees only the events before it; event t's "high rating" label trains the
   second task on it (the engage score is the next-item prediction of the history's last token).
@@ -25,10 +26,11 @@ from mindspore_relaygr.data.sequences import HIGH_RATING_ACTION
 from mindspore_relaygr.model.batch_index import RabIndex
 from mindspore_relaygr.model.inputs import History, bucket_for, split_timestamps
 from mindspore_relaygr.train.feeds import prefix_inputs
+from mindspore_relaygr.train.negatives import negative_weights, weight_dtype
 
 # Names of the arrays of a batch, in the order the loss cell takes them.
 FORWARD_FIELDS = ("item_ids", "action_ids", "pos", "user_feats", "user_row", "valid", "hist_idx", "cand_idx")
-TARGET_FIELDS = ("next_ids", "neg_ids", "neg_pick", "group_valid", "high_rating")
+TARGET_FIELDS = ("next_ids", "neg_ids", "neg_weight", "group_valid", "high_rating")
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ def empty_row(cfg: ModelConfig, bucket: int, shape: BatchShape) -> dict[str, np.
             "hist_idx": np.full((bucket, bucket), mask, np.int32),
             "cand_idx": np.full((shape.num_cuts, bucket), mask, np.int32),
             "next_ids": zeros_i, "neg_ids": np.ones(shape.pool_size, np.int32),
-            "neg_pick": np.zeros((bucket, shape.num_negatives), np.int32),
+            "neg_weight": np.zeros((bucket, shape.pool_size), weight_dtype(shape.num_negatives)),
             "group_valid": np.zeros(shape.num_cuts, np.float32), "high_rating": np.zeros(shape.num_cuts, np.float32)}
 
 
@@ -92,6 +94,8 @@ def build_row(cfg: ModelConfig, events: History, bucket: int, shape: BatchShape,
     next_ids = np.zeros(bucket, np.int32)
     next_ids[: n_tok - 1] = items[1:n_tok]  # token i predicts token i + 1 (the user token predicts event 0)
     cand = _candidate_groups(cfg, events, shape, num_items, rng)
+    neg_ids = rng.integers(1, num_items + 1, shape.pool_size).astype(np.int32)
+    pick = rng.integers(0, shape.pool_size, (bucket, shape.num_negatives))
     # Candidates of a group share their query (position, time): one bias row per group.
     rows = rab(cand["pos"], cand["times"], pos, times, valid[None, :] & (pos[None, :] < cand["pos"][:, None]))
     return {
@@ -104,8 +108,8 @@ def build_row(cfg: ModelConfig, events: History, bucket: int, shape: BatchShape,
         "hist_idx": history_index(rab, pos, times, valid),
         "cand_idx": rows,
         "next_ids": np.concatenate([next_ids, np.zeros(shape.num_candidates, np.int32)]),
-        "neg_ids": rng.integers(1, num_items + 1, shape.pool_size).astype(np.int32),
-        "neg_pick": rng.integers(0, shape.pool_size, (bucket, shape.num_negatives)).astype(np.int32),
+        "neg_ids": neg_ids,
+        "neg_weight": negative_weights(pick, next_ids, neg_ids),
         "group_valid": cand["group_valid"],
         "high_rating": cand["high_rating"],
         "cut_events": cand["pos"] - (1 if cfg.has_user_token else 0),  # history events before each group

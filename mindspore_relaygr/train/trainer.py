@@ -40,6 +40,7 @@ from mindspore_relaygr.train.batches import FORWARD_FIELDS, TARGET_FIELDS, Batch
 from mindspore_relaygr.train.dataset import PreparedData, prepare_data
 from mindspore_relaygr.train.full_ranking import BatchedScorer, metrics_of, ranking_cases
 from mindspore_relaygr.train.lr_schedule import step_learning_rates
+from mindspore_relaygr.train.prefetch import prefetched
 
 logger = logging.getLogger(__name__)
 
@@ -77,14 +78,14 @@ def _loss_cell(net: Any, config: RelayGRConfig, shape: BatchShape) -> Any:
             self.net = net
 
         def construct(self, item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx, next_ids,
-                      neg_ids, neg_pick, group_valid, high_rating, *noise):
+                      neg_ids, neg_weight, group_valid, high_rating, *noise):
             hidden = self.forward(item_ids, action_ids, pos, user_feats, user_row, valid, hist_idx, cand_idx, *noise)
             b, t, d = hidden.shape
             n = t - groups * group_size  # history tokens; the candidate tokens follow
             table = self.net.item_table
             targets = take(next_ids, 0, n, 1)
             loss = sampled_softmax_loss(take(hidden, 0, n, 1), ops.gather(table, targets, 0),
-                                        ops.gather(table, neg_ids, 0), targets, neg_ids, temperature, neg_pick)
+                                        ops.gather(table, neg_ids, 0), targets, neg_ids, temperature, neg_weight)
             if self.net.head is not None:  # the other tasks: a head on the candidate tokens (the positives)
                 cand_hidden = ops.reshape(take(hidden, n, t, 1), (b, groups, group_size, d))
                 count = ops.maximum(ops.reduce_sum(group_valid), 1.0)
@@ -155,6 +156,11 @@ class Trainer:
         self.is_chief = shard.rank == 0  # the worker that writes files
         self.data = data if data is not None else prepare_data(config)
         self.shape = BatchShape(self.tc.batch_size, self.tc.num_negatives, self.tc.num_cuts, self.tc.negative_pool)
+        from mindspore_relaygr.train.losses import MIN_TEMPERATURE
+
+        if config.model.score_temperature < MIN_TEMPERATURE:
+            raise ConfigError(f"model.score_temperature={config.model.score_temperature}: training needs >= "
+                              f"{MIN_TEMPERATURE} (the sampled softmax's exp(-2 / temperature) underflows below)")
         if self.tc.num_negatives > self.data.num_items:
             raise ConfigError(f"train.num_negatives={self.tc.num_negatives}: more than the {self.data.num_items} items")
         self.model = model if model is not None else RelayGRModel(config)
@@ -248,22 +254,22 @@ class Trainer:
 
     def _epoch(self, epoch: int, result: TrainResult) -> tuple[float, int]:
         """One pass over every user's window; prints a progress line every `log_every` steps."""
-        plan = list(iter_batches(self.windows, self.config.model, self.shape, self.data.num_items, self.rng,
-                                 (self.tc.seed, epoch), self.shard))
+        batches = iter_batches(self.windows, self.config.model, self.shape, self.data.num_items, self.rng,
+                               (self.tc.seed, epoch), self.shard)
         losses, tokens, tick = [], 0, time.perf_counter()
-        for i, (_, _, batch) in enumerate(plan, 1):
+        for i, (_, _, batch) in enumerate(prefetched(batches), 1):
             # Dropout masks seeded per step (not a running generator): a resumed run draws the same ones.
             noise_rng = np.random.default_rng([self.tc.seed, epoch, i, self.shard.rank, 3])
             losses.append(self.train_step(batch, noise_rng))
             result.step_losses.append(losses[-1])
             tokens += int(batch["valid"].sum())
             result.steps += 1
-            if i % self.tc.log_every == 0 or i == len(plan):
+            if i % self.tc.log_every == 0 or i == self.steps_per_epoch:
                 elapsed = time.perf_counter() - tick
-                bar = "#" * (20 * i // len(plan))
-                self.progress(f"epoch {epoch}/{self.tc.epochs} [{bar:<20}] {i}/{len(plan)} loss "
+                bar = "#" * (20 * i // self.steps_per_epoch)
+                self.progress(f"epoch {epoch}/{self.tc.epochs} [{bar:<20}] {i}/{self.steps_per_epoch} loss "
                               f"{np.mean(losses[-self.tc.log_every:]):.4f} {tokens / elapsed:,.0f} tokens/s "
-                              f"eta {elapsed / i * (len(plan) - i):.0f} s")
+                              f"eta {elapsed / i * (self.steps_per_epoch - i):.0f} s")
         return float(np.mean(losses)), tokens
 
     def _validate(self, result: TrainResult, epoch: int, train_loss: float) -> bool:

@@ -95,14 +95,15 @@ def test_best_epoch_is_restored(setup) -> None:
 
 def test_training_batches(setup) -> None:
     trainer, tc = setup["trainer"], setup["tc"]
-    seq, pos, neg, pick = trainer._batch([history(np.arange(1, 16)), history([4, 9])])
+    seq, pos, neg, neg_weight = trainer._batch([history(np.arange(1, 16)), history([4, 9])])
     assert seq.shape == pos.shape == (tc.sasrec_batch_size, tc.sasrec_max_len)
     assert seq[0].tolist() == list(range(7, 15)) and pos[0].tolist() == list(range(8, 16))  # the last 9 events
     assert seq[1].tolist() == [0] * 7 + [4] and pos[1].tolist() == [0] * 7 + [9]
     assert not seq[2:].any() and not pos[2:].any()
     assert neg.shape == (tc.sasrec_batch_size, tc.negative_pool) and neg.min() >= 1 and neg.max() <= NUM_ITEMS
-    assert pick.shape == (tc.sasrec_batch_size, tc.sasrec_max_len, tc.num_negatives)
-    assert pick.min() >= 0 and pick.max() < tc.negative_pool
+    assert neg_weight.shape == (tc.sasrec_batch_size, tc.sasrec_max_len, tc.negative_pool)
+    assert (neg_weight.sum(-1) <= tc.num_negatives).all() and neg_weight.min() >= 0  # K draws per position
+    assert (neg_weight[pos[:, :, None] == neg[:, None, :]] == 0).all()  # no position draws its own target
 
 
 def test_seeded_runs_repeat_and_restore_a_chosen_epoch(setup) -> None:

@@ -9,7 +9,8 @@ ms = pytest.importorskip("mindspore")
 
 from mindspore import Tensor  # noqa: E402
 
-from mindspore_relaygr.train.losses import l2_normalize, sampled_softmax_loss  # noqa: E402
+from mindspore_relaygr.train.losses import MIN_TEMPERATURE, l2_normalize, sampled_softmax_loss  # noqa: E402
+from mindspore_relaygr.train.negatives import negative_weights  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -65,7 +66,9 @@ def test_per_position_negatives_from_the_pool_match_numpy() -> None:
     args = random_inputs(seed=5, k=9)
     pick = np.random.default_rng(5).integers(0, 9, size=(3, 5, 4)).astype(np.int32)
     pick[1, 2, :2] = 3  # position (1, 2) picks its accidental hit twice: both are dropped
-    got = float(sampled_softmax_loss(*(Tensor(a) for a in args), 0.05, Tensor(pick)).asnumpy())
+    pick[0, 3, :3] = 6  # and position (0, 3) one item three times: it counts three times
+    weights = negative_weights(pick, args[3], args[4])
+    got = float(sampled_softmax_loss(*(Tensor(a) for a in args), 0.05, Tensor(weights)).asnumpy())
     want = numpy_loss(*args, 0.05, pick)
     assert got == pytest.approx(want, rel=1e-5, abs=1e-5)
     assert want != pytest.approx(numpy_loss(*args, 0.05), rel=1e-3)  # the picks matter
@@ -73,12 +76,24 @@ def test_per_position_negatives_from_the_pool_match_numpy() -> None:
 
 def test_matches_numpy_in_graph_mode() -> None:
     @ms.jit
-    def compiled(query, pos_emb, neg_emb, pos_ids, neg_ids):
-        return sampled_softmax_loss(query, pos_emb, neg_emb, pos_ids, neg_ids, 0.05)
+    def compiled(query, pos_emb, neg_emb, pos_ids, neg_ids, neg_weight):
+        return sampled_softmax_loss(query, pos_emb, neg_emb, pos_ids, neg_ids, 0.05, neg_weight)
 
     args = random_inputs(seed=3)
-    got = float(compiled(*(Tensor(a) for a in args)).asnumpy())
-    assert got == pytest.approx(numpy_loss(*args, 0.05), rel=1e-5, abs=1e-5)
+    pick = np.random.default_rng(3).integers(0, 7, size=(3, 5, 4))
+    got = float(compiled(*(Tensor(a) for a in args), Tensor(negative_weights(pick, args[3], args[4]))).asnumpy())
+    assert got == pytest.approx(numpy_loss(*args, 0.05, pick), rel=1e-5, abs=1e-5)
+
+
+def test_the_lowest_temperature_stays_finite_and_a_lower_one_is_refused() -> None:
+    query, pos_emb, neg_emb, pos_ids, neg_ids = random_inputs(seed=4)
+    neg_emb[:, 0] = -query[:, 0]  # the most distant negative: its shifted logit is exp(-2 / t)
+    args = query, pos_emb, neg_emb, pos_ids, neg_ids
+    got = float(sampled_softmax_loss(*(Tensor(a) for a in args), MIN_TEMPERATURE).asnumpy())
+    assert np.isfinite(got)
+    assert got == pytest.approx(numpy_loss(*args, MIN_TEMPERATURE), rel=1e-4, abs=1e-4)
+    with pytest.raises(ValueError, match="below"):
+        sampled_softmax_loss(*(Tensor(a) for a in args), MIN_TEMPERATURE / 2)
 
 
 def test_accidental_hits_and_masked_positions_change_nothing_else() -> None:

@@ -37,10 +37,16 @@ def test_an_epoch_visits_every_trainable_user_once_in_full_batches():
         assert b["item_ids"].shape == (SHAPE.batch_size, bucket + SHAPE.num_candidates)
         assert b["hist_idx"].shape == (SHAPE.batch_size, bucket, bucket)
         assert b["cand_idx"].shape == (SHAPE.batch_size, SHAPE.num_cuts, bucket)
-        # Every history token has its own negatives: picks into the row's pool of uniform items.
-        assert b["neg_ids"].shape == (SHAPE.batch_size, 10) and b["neg_pick"].shape == (SHAPE.batch_size, bucket, 6)
-        assert b["neg_pick"].min() >= 0 and b["neg_pick"].max() < 10 and b["neg_ids"].min() >= 1
-        assert len({tuple(p) for p in b["neg_pick"][0]}) > bucket // 2
+        # Every history token has its own negatives: 6 draws from the row's pool of 10 uniform items, as
+        # weights over the pool (0 for a pool item equal to the token's target).
+        w = b["neg_weight"]
+        assert b["neg_ids"].shape == (SHAPE.batch_size, 10) and w.shape == (SHAPE.batch_size, bucket, 10)
+        assert b["neg_ids"].min() >= 1 and w.min() >= 0
+        targets = b["next_ids"][:, :bucket]
+        hits = targets[:, :, None] == b["neg_ids"][:, None, :]
+        assert (w[hits] == 0).all() and (w.sum(-1)[:real] <= 6).all()
+        assert (w.sum(-1)[:real][~hits.any(-1)[:real]] == 6).all()  # a token without a hit keeps its 6 draws
+        assert len({tuple(p) for p in w[0]}) > bucket // 2
         assert (b["group_valid"][real:] == 0).all() and (b["next_ids"][real:] == 0).all()  # filler rows
         lengths = b["valid"][:real, :bucket].sum(axis=1)
         assert (lengths <= bucket).all() and (lengths > (bucket // 2 if bucket > 32 else 0)).all()
@@ -77,6 +83,14 @@ def test_data_must_fit_the_model(synthetic_data_path, tmp_path):
         check_compatible(load_config(CONFIGS / "tiny.yaml", ["model.num_items=60"]), data)
     with pytest.raises(ConfigError, match=r"model.user_feature_sizes=\[3, 5\]: the data has user features"):
         check_compatible(load_config(CONFIGS / "tiny.yaml", ["model.num_items=60", "model.num_actions=5"]), data)
+
+
+def test_a_temperature_the_loss_cannot_take_is_refused_before_training(synthetic_config, tmp_path):
+    from mindspore_relaygr.train.trainer import Trainer
+
+    with pytest.raises(ConfigError, match="model.score_temperature=0.01: training needs >= 0.025"):
+        Trainer(_cfg(synthetic_config, tmp_path, "model.score_temperature=0.01"))
+    assert not any(tmp_path.iterdir())  # nothing written
 
 
 def test_eval_sets_are_fixed_by_the_eval_seed(synthetic_config):
