@@ -343,6 +343,9 @@ class TrainConfig:
     # and SASRec baselines of `relaygr eval` / `relaygr baseline` then train on the same events the same way
     train_on_valid: bool = False
     max_history_len: int | None = None  # null: model.max_seq_len minus the user token
+    # token buckets of training batches (null: model.len_buckets); finer ones pad less (ML-1M: 10% padding
+    # with six buckets against 21% with three), each costs one more compiled training graph
+    len_buckets: list[int] | None = None
     keep_every: int | None = None  # also keep the model of every k-th epoch as epoch_<k>.ckpt (null: none)
     init: str = "xavier"  # xavier: re-initialize at the HSTU reference scales | model: keep HSTUNet's init
     rab_init: float = 0.0  # xavier init: mean of the relative-bias table (1.0: layers start as a causal mean)
@@ -399,6 +402,10 @@ class RelayGRConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
+        if self.train.len_buckets is not None:
+            _ascending_positive("train.len_buckets", self.train.len_buckets)
+            _require(self.train.len_buckets[-1] == self.model.max_seq_len, "train.len_buckets",
+                     self.train.len_buckets, f"the last bucket must equal model.max_seq_len={self.model.max_seq_len}")
         _require(self.cache.max_prefix_len in self.model.len_buckets, "cache.max_prefix_len",
                  self.cache.max_prefix_len, f"must be one of model.len_buckets {self.model.len_buckets}")
         _require(not (self.model.fused_kernels and self.context.device_target != "CPU"), "model.fused_kernels",

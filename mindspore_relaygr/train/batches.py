@@ -41,6 +41,7 @@ class BatchShape:
     num_negatives: int  # sampled softmax negatives per history token
     num_cuts: int  # candidate tokens per row, each at its own cut
     negative_pool: int = 0  # uniform items per row the tokens' negatives are picked from; 0: num_negatives
+    len_buckets: tuple[int, ...] | None = None  # token buckets rows are padded to; None: model.len_buckets
 
     def __post_init__(self) -> None:
         if self.negative_pool and self.negative_pool < self.num_negatives:
@@ -60,9 +61,10 @@ class BatchShape:
         return self.num_cuts * self.group_size
 
 
-def history_bucket(cfg: ModelConfig, num_events: int) -> int:
-    """Token bucket of a window of `num_events` events (user token included)."""
-    return bucket_for(num_events + (1 if cfg.has_user_token else 0), cfg.len_buckets, "history")
+def history_bucket(cfg: ModelConfig, num_events: int, buckets: Sequence[int] | None = None) -> int:
+    """Token bucket of a window of `num_events` events (user token included): the smallest of `buckets`
+    (None: model.len_buckets) that holds it."""
+    return bucket_for(num_events + (1 if cfg.has_user_token else 0), buckets or cfg.len_buckets, "history")
 
 
 def history_index(rab: RabIndex, pos: np.ndarray, times: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -139,12 +141,13 @@ def stack_rows(rows: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def plan_batches(windows: Mapping[int, History], cfg: ModelConfig, batch_size: int,
-                 rng: np.random.Generator) -> list[tuple[int, list[int]]]:
-    """(bucket, user ids) of every batch of an epoch: users grouped by bucket, shuffled, in shuffled batches."""
+                 rng: np.random.Generator, buckets: Sequence[int] | None = None) -> list[tuple[int, list[int]]]:
+    """(bucket, user ids) of every batch of an epoch: users grouped by bucket (`buckets`, None:
+    model.len_buckets), shuffled, in shuffled batches."""
     by_bucket: dict[int, list[int]] = {}
     for uid, events in windows.items():
         if len(events) >= 2:
-            by_bucket.setdefault(history_bucket(cfg, len(events)), []).append(uid)
+            by_bucket.setdefault(history_bucket(cfg, len(events), buckets), []).append(uid)
     plan = []
     for bucket in sorted(by_bucket):
         users = [by_bucket[bucket][i] for i in rng.permutation(len(by_bucket[bucket]))]
@@ -176,7 +179,7 @@ def iter_batches(windows: Mapping[int, History], cfg: ModelConfig, shape: BatchS
         raise ValueError(f"batch size {shape.batch_size} is not a multiple of the {shard.size} workers")
     local = shape.batch_size // shard.size
     rab = RabIndex(cfg)
-    for bucket, users in plan_batches(windows, cfg, shape.batch_size, rng):
+    for bucket, users in plan_batches(windows, cfg, shape.batch_size, rng, shape.len_buckets):
         mine = users[shard.rank * local:(shard.rank + 1) * local]
         rows = [build_row(cfg, windows[u], bucket, shape, num_items, np.random.default_rng([*row_seed, u]), rab)
                 for u in mine]

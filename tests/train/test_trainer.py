@@ -53,6 +53,23 @@ def test_an_epoch_visits_every_trainable_user_once_in_full_batches():
     assert len(windows[9]) == 127  # a long sequence keeps its most recent events
 
 
+def test_training_buckets_of_their_own_pad_less():
+    """train.len_buckets: rows pad to the smallest training bucket that holds them, not model.len_buckets."""
+    cfg = load_config(CONFIGS / "tiny.yaml", ["model.user_feature_sizes=[]"]).model
+    windows = {u: cap_history(_seq(n), 127) for u, n in enumerate([5, 12, 20, 40, 63, 100, 127], 1)}
+    fine = BatchShape(batch_size=2, num_negatives=6, num_cuts=1, negative_pool=10, len_buckets=(16, 48, 128))
+    rows = {}
+    for bucket, _, b in iter_batches(windows, cfg, fine, 100, np.random.default_rng(0)):
+        assert b["hist_idx"].shape == (2, bucket, bucket)
+        lengths = b["valid"][:, :bucket].sum(axis=1)
+        for n in lengths[lengths > 0]:
+            rows[int(n)] = bucket
+    assert rows == {5: 16, 12: 16, 20: 48, 40: 48, 63: 128, 100: 128, 127: 128}  # no user features: no user token
+    coarse = [bucket for bucket, _, _ in iter_batches(windows, cfg, BatchShape(2, 6, 1, 10), 100,
+                                                       np.random.default_rng(0))]
+    assert sorted(set(coarse)) == [32, 64, 128]  # model.len_buckets
+
+
 def test_negative_pool_must_hold_the_negatives():
     with pytest.raises(ValueError, match="pool 4 is smaller than 6"):
         BatchShape(batch_size=4, num_negatives=6, num_cuts=1, negative_pool=4)
