@@ -152,8 +152,11 @@ class SASRecTrainer:
         import mindspore as ms
         from mindspore import nn
 
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        from mindspore_relaygr.train.losses import MIN_TEMPERATURE
+
+        if not temperature >= MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be >= {MIN_TEMPERATURE} (the sampled softmax underflows below), "
+                             f"got {temperature}")
         ms.set_seed(seed)
         self.tc, self.num_items, self.temperature = tc, num_items, temperature
         self.rng = np.random.default_rng([seed, 1])  # epoch order and negatives
@@ -172,8 +175,8 @@ class SASRecTrainer:
 
     def _batch(self, seqs: Sequence[History]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(input [batch, L], targets [batch, L], negative pool [batch, P] int32, each position's draws of K of
-        the pool as weights [batch, L, P] float32), as the HSTU trainer samples them; rows past len(seqs) are
-        padding."""
+        the pool as weights [batch, L, P] (`train.negatives`)), as the HSTU trainer samples them; rows past
+        len(seqs) are padding."""
         length, size = self.tc.sasrec_max_len, self.tc.sasrec_batch_size
         seq, pos = np.zeros((size, length), np.int32), np.zeros((size, length), np.int32)
         for row, history in enumerate(seqs):

@@ -36,9 +36,9 @@ def sampled_softmax_loss(query: Tensor, pos_emb: Tensor, neg_emb: Tensor, pos_id
 
     query [B, N, d]: hidden states; pos_emb [B, N, d]: each position's target embedding; neg_emb [B, P, d]:
     the sequence's pool of P sampled items; pos_ids [B, N] int (0: no target, excluded from the mean);
-    neg_ids [B, P] int; neg_weight [B, N, P] (any number type): how many times each position uses each pool item, 0 for
-    a pool item equal to the position's target (None: every position uses all P once, accidental hits
-    dropped here). Logits are cosines / temperature. Per position:
+    neg_ids [B, P] int; neg_weight [B, N, P] (any number type): how many times each position uses each pool
+    item, 0 for a pool item equal to the position's target (None: every position uses all P once, accidental
+    hits dropped here). Logits are cosines / temperature. Per position:
     log(exp(pos) + sum_p weight_p exp(neg_p)) - pos.
     """
     if not temperature >= MIN_TEMPERATURE:

@@ -167,3 +167,8 @@ def test_dropout_noise(setup) -> None:
     assert plain[0] == plain[1] and noisy != plain[0]
     zero = SASRecTrainer(load_config(overrides=[*OVERRIDES, "train.sasrec_dropout=0"]).train, NUM_ITEMS)
     assert zero.dropout_noise() == ()
+
+
+def test_a_temperature_the_sampled_softmax_cannot_take_is_refused(setup) -> None:
+    with pytest.raises(ValueError, match="temperature must be >= 0.025"):
+        SASRecTrainer(setup["tc"], NUM_ITEMS, temperature=0.01)
