@@ -155,9 +155,8 @@ class Trainer:
         self.config, self.tc, self.shard = config, config.train, shard
         self.is_chief = shard.rank == 0  # the worker that writes files
         self.data = data if data is not None else prepare_data(config)
-        buckets = tuple(self.tc.len_buckets) if self.tc.len_buckets else None
         self.shape = BatchShape(self.tc.batch_size, self.tc.num_negatives, self.tc.num_cuts, self.tc.negative_pool,
-                                buckets)
+                                tuple(self.tc.len_buckets) if self.tc.len_buckets else None)
         from mindspore_relaygr.train.losses import MIN_TEMPERATURE
 
         if config.model.score_temperature < MIN_TEMPERATURE:
@@ -174,7 +173,7 @@ class Trainer:
         self.windows = {u: cap_history(s, self.data.max_history_len) for u, s in train_seqs.items()}
         # the count does not depend on the order
         self.steps_per_epoch = len(plan_batches(self.windows, config.model, self.tc.batch_size,
-                                                np.random.default_rng(0), buckets))
+                                                np.random.default_rng(0), self.shape.len_buckets))
         self.optimizer = nn.Adam(self._param_groups(), learning_rate=self._learning_rates(1.0), beta1=0.9,
                                  beta2=self.tc.beta2, weight_decay=self.tc.weight_decay)
         self.loss_cell = _loss_cell(self.model.net, config, self.shape)
