@@ -3,7 +3,10 @@
 1. Saturation: closed-loop ranks from `--connections` client threads, straight to instance i0, for
    `--calibrate-s` seconds; the instance's saturating throughput is the 200s per second it served.
    A connection whose rank is refused waits out the 503's Retry-After, as a client should: one that
-   resends at once spins, and its refusals would eat the capacity being measured.
+   resends at once spins, and its refusals would eat the capacity being measured. So there are many
+   more connections than ranks the admission budget holds at once: while some wait out a refusal,
+   the others keep the instance busy (with as few as it admits, the waits leave it idle and the
+   measured throughput understates its capacity).
 2. One instance: open-loop ranks (Poisson arrivals) straight to i0 at each multiple of that
    throughput (0.5x .. 3x), `--ranks` per point. Per point: goodput (200s answered within the SLO,
    per second of offered load), 503s and their latency, P50/P99 of the accepted ranks, other errors.
@@ -146,7 +149,7 @@ class OverloadSpec:
     ranks: int = 1500  # per load point
     saturate: float = 2.0  # direct load on i0 in the forwarding run, x its saturating throughput
     forwarded_ranks: int = 1000  # ranks of i0's users sent through nginx in the forwarding run (about)
-    connections: int = 4  # closed-loop clients of the saturation run
+    connections: int = 16  # closed-loop clients of the saturation run
     calibrate_s: float = 10.0
     max_workers: int = 64  # client threads of the open-loop runs
     median_len: int = 96
@@ -303,7 +306,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--saturate", type=float, default=2.0, help="direct load on i0 in the forwarding run (x peak)")
     p.add_argument("--forwarded-ranks", type=int, default=1000,
                    help="ranks of the saturated instance's users sent through nginx in the forwarding run")
-    p.add_argument("--connections", type=int, default=4, help="closed-loop clients of the saturation run")
+    p.add_argument("--connections", type=int, default=16, help="closed-loop clients of the saturation run")
     p.add_argument("--calibrate-s", type=float, default=10.0, help="length of the saturation run (s)")
     p.add_argument("--max-workers", type=int, default=64, help="client threads of the open-loop runs")
     p.add_argument("--median-len", type=int, default=96, help="median history length of the ranks")
