@@ -55,28 +55,26 @@ def preinfer() -> tuple[Response, int]:
     }), 202
 
 
-# Admission weighs a rank by its body size in units of 16 KB (about a rank of 400 events and 128 candidates):
-# a long history costs more than a short one. The unit only scales the cost before the first departures.
-ADMISSION_UNIT_BYTES = 16384
-
-
 @bp.post("/v1/rank")
 def rank() -> Response:
     """Ranking-time request: score every candidate, served from the best cache tier available."""
     t0 = time.perf_counter()
     st = _state()
     data = _raw_body()  # a client stalling mid-body holds a thread (until serving.client_timeout_s), never budget
-    size = max(len(data), 1) / ADMISSION_UNIT_BYTES
-    _admit(st, size)
+    req = schemas.parse_rank(schemas.parse_json(data), st.limits, request.headers.get(headers.AFFINITY))
+    engine = st.holder.get()
+    # Weighed by its predicted device time: a long history costs more than a short one, a cached one less
+    # (admission control needs a positive weight; a rank predicted at 0 ms still counts as a rank).
+    cost_ms = max(engine.predicted_rank_ms(req.user_id, req.history, req.candidate_ids), 1e-3) \
+        if st.admission is not None else 0.0
+    _admit(st, cost_ms)
     served = False
     try:
-        req = schemas.parse_rank(schemas.parse_json(data), st.limits, request.headers.get(headers.AFFINITY))
-        engine = st.holder.get()
         result = engine.rank(req.user_id, req.history, req.candidate_ids, top_k=req.top_k)
         served = True
     finally:
         if st.admission is not None:
-            st.admission.finish(served, size)
+            st.admission.finish(served, cost_ms)
     st.metrics.observe_rank(result)
     ranking = [int(i) for i in result.ranking]
     timings = {k: float(v) for k, v in result.timings_ms.items()}
@@ -97,9 +95,9 @@ def rank() -> Response:
     return response
 
 
-def _admit(st: AppState, size: float = 1.0) -> None:
+def _admit(st: AppState, cost_ms: float) -> None:
     """Refuse the rank now (503 + Retry-After) unless it can still finish inside the ranking SLO; decided
-    before the body is parsed, so a refused rank costs the instance next to nothing. A rank that every
+    before it reaches the engine, so a refused rank costs the instance next to nothing. A rank that every
     other instance behind nginx has refused (routed by the affinity hash, and this instance last in
     its key's try order) gets the looser relay.last_try_factor x SLO: refusing it would fail the request."""
     if st.admission is None:
@@ -110,7 +108,7 @@ def _admit(st: AppState, size: float = 1.0) -> None:
         return (st.upstream is not None and bool(key) and request.headers.get(headers.ROUTED) == "affinity"
                 and st.upstream.is_last_try(key, st.settings.upstream_address))
 
-    if st.admission.try_admit(last_resort=last_resort, size=size):
+    if st.admission.try_admit(last_resort=last_resort, size=cost_ms):
         return
     view = st.admission.snapshot()
     raise Overloaded(f"instance {st.instance_id} is overloaded: {view.in_flight} ranks ahead, about "

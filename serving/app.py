@@ -90,13 +90,14 @@ def admission_control(config: RelayGRConfig, settings: ServingConfig) -> Admissi
     """The rank admission of this instance: a budget of relay.admission_fraction x trigger.slo_ms, and
     relay.last_try_factor x trigger.slo_ms for a rank on its last try behind nginx (serving.upstream_servers).
 
-    Until ranks have been served, a rank is assumed to cost an eighth of the budget (eight at once)."""
+    Ranks are weighed by the engine's predicted device time; until ranks have been served, a predicted
+    millisecond is taken to cost one measured millisecond."""
     fraction = config.relay.admission_fraction
     if fraction is None:
         return None
     budget_ms = fraction * config.trigger.slo_ms
     last_resort_ms = config.relay.last_try_factor * config.trigger.slo_ms if settings.upstream_servers else budget_ms
-    return AdmissionControl(budget_ms, initial_cost_ms=budget_ms / 8, last_resort_budget_ms=last_resort_ms)
+    return AdmissionControl(budget_ms, initial_cost_ms=1.0, last_resort_budget_ms=last_resort_ms)
 
 
 def upstream_ring(settings: ServingConfig) -> NginxConsistentHash | None:

@@ -7,13 +7,14 @@ is parsed, and counts every admitted rank that has not finished, wherever it is:
 for an in-flight prefill, queued on the device thread or computing. Nothing waits where it is not
 counted, so the view stays accurate however many server threads there are.
 
-Work is counted in units of request size (serving passes the body's size, so a rank of a long history
-weighs more than a short one), and the cost of a unit is learned from departures, not predicted from
-the model: while the server is busy, the time between two consecutive completions, divided by the
-size of the rank that completed, is the time per unit, whatever the bottleneck is (device thread,
-interpreter lock, JSON). Its exponentially weighted mean is the unit cost, so a request of size `s`
-arriving behind unfinished ranks of total size `W` is predicted to finish after `(W + s) * cost`.
-With every size 1 this counts ranks. Plain Python, thread-safe, no MindSpore.
+Work is counted in units of request size (serving passes the rank's device time predicted by the
+engine's latency model, so a long history weighs more than a short one and a cached one less), and
+what a unit costs is learned from departures: while the server is busy, the time between two
+consecutive completions, divided by the size of the rank that completed, is the time per unit,
+whatever the bottleneck is (device thread, interpreter lock, JSON, a neighbour on the same cores).
+Its exponentially weighted mean is the unit cost, so a request of size `s` arriving behind
+unfinished ranks of total size `W` is predicted to finish after `(W + s) * cost`. With every size 1
+this counts ranks. Plain Python, thread-safe, no MindSpore.
 
 The budget is a fraction of the SLO so that a refused rank still has time to be served by the next
 instance. A rank that reached its last instance (every other one refused it) has no next one:

@@ -307,6 +307,31 @@ class RelayEngine:
             self.work.truncations += int(truncated)
         return RankResult(scores, self._ranking(scores, top_k), tier, truncated, timing, ranked_events=events)
 
+    def predicted_rank_ms(self, user_id: str, history: Any, candidate_ids: Any) -> float:
+        """Predicted device time of this rank (latency model), for admission control: the cached path when
+        a prefix of the history is on the device, being written or in DRAM (and beats a miss), else the
+        miss as the miss policy would rank it. Any thread; a forecast, since the cache may change before
+        the rank runs. Raises the same validation errors as `rank`."""
+        hist = validate_history(self.config.model, history)
+        cands = validate_candidates(self.config.model, candidate_ids)
+        if not self.config.relay.enabled:
+            events = min(len(hist), self.config.relay.max_online_len)
+            return self.latency.predict_full_ms(events + self._user_tokens, len(cands))
+        miss = self._predicted_miss_ms(hist, cands)
+        tier, key = self.cache.locate(user_id, hist)
+        if key is None or "relay" not in self.latency.kinds:  # no relay graph measured: take the miss's time
+            return miss
+        suffix = len(hist) - key.prefix_len
+        if suffix <= self.config.model.max_suffix_len:
+            copy = self._predicted_copy_ms(key) if tier == "dram" else []
+            cached = sum(copy) + self.latency.predict_relay_ms(key.prefix_len + self._user_tokens, suffix, len(cands))
+        elif not self.config.cache.enable_extension or len(hist) > self.cache.max_prefix_len:
+            return miss  # `_extend` would not extend it
+        else:  # extended to the whole history first, when that beats the miss
+            cached = (sum(self._predicted_extension_ms(key, tier, len(hist)))
+                      + self.latency.predict_relay_ms(len(hist) + self._user_tokens, 0, len(cands)))
+        return min(cached, miss)
+
     def _wait_for_inflight(self, user_id: str, hist: History, cands: np.ndarray) -> tuple[float, bool]:
         """Wait for the running relay of the longest prefix of this history, when it should finish
         before a miss would.

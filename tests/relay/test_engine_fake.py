@@ -123,8 +123,36 @@ def test_preinfer_calls_only_the_caches_thread_safe_methods_off_the_device_threa
     h = hist(4)
     relay(eng, "u", h)
     eng.preinfer("u", h)
+    eng.predicted_rank_ms("u", h, CANDS)
     eng.rank("u", h, CANDS)
     assert off_thread and off_thread <= cache_type.THREAD_SAFE
+
+
+def test_a_ranks_predicted_time_follows_where_its_prefix_is(make_engine):
+    """Admission control weighs a rank by this: a miss costs the full path, a resident prefix the relay
+    path, a grown history its extension too; never more than the miss."""
+    eng = make_engine()
+    lat = eng.latency
+    h = hist(5, 60)
+    miss = lat.predict_full_ms(61, 10)  # 60 events and the user token
+    assert eng.predicted_rank_ms("u", h, CANDS) == miss == 200.0
+    relay(eng, "u", first(h, 50))
+    assert eng.predicted_rank_ms("u", h, CANDS) == lat.predict_relay_ms(51, 10, 10) == 5.0  # 10 new events
+    assert eng.predicted_rank_ms("someone else", h, CANDS) == miss
+    grown = hist(5, 100)
+    grown = {k: (v if k == "user_features" else np.concatenate([h[k][:50], v[50:]])) for k, v in grown.items()}
+    extension = sum(eng._predicted_extension_ms(eng.cache.locate("u", validate(eng, grown))[1], "device", 100))
+    assert eng.predicted_rank_ms("u", grown, CANDS) == pytest.approx(extension + lat.predict_relay_ms(101, 0, 10))
+    assert eng.predicted_rank_ms("u", grown, CANDS) < lat.predict_full_ms(101, 10)
+    fixed = make_engine("cache.enable_extension=false")
+    relay(fixed, "u", first(h, 50))
+    assert fixed.predicted_rank_ms("u", grown, CANDS) == lat.predict_full_ms(101, 10)  # it would miss
+    bypass = make_engine("relay.enabled=false", "relay.max_online_len=40")
+    assert bypass.predicted_rank_ms("u", h, CANDS) == lat.predict_full_ms(41, 10)
+    with pytest.raises(ValueError):
+        eng.predicted_rank_ms("u", h, [0])  # the rank's own validation
+    eng.latency = LatencyModel([p for p in lat.points if p.kind != "relay"])  # a profile without relay graphs
+    assert eng.predicted_rank_ms("u", h, CANDS) == miss
 
 
 def test_a_null_copy_bandwidth_is_measured_at_start_up_and_decides_reloads(make_engine, monkeypatch):

@@ -30,6 +30,8 @@ from mindspore_relaygr.relay.stats import DeviceWorkCounts, EngineStats, RankTie
 from mindspore_relaygr.relay.trigger import TriggerStats
 from mindspore_relaygr.relay.types import PreinferResult, RankResult
 
+PREDICTED_MS_PER_EVENT = 0.25
+
 
 def prefix_digest(hist: History, n: int) -> str:
     h = hashlib.blake2b(digest_size=16)
@@ -106,6 +108,12 @@ class FakeEngine:
                 return self._count(PreinferResult(False, "not_at_risk", None, predicted))
             self._cache[user_id] = (digest, len(hist), time.monotonic())
         return self._count(PreinferResult(True, "admitted", digest[:16], predicted))
+
+    def predicted_rank_ms(self, user_id: str, history: Any, candidate_ids: Any) -> float:
+        """RELAYGR_FAKE_RANK_MS when set, else PREDICTED_MS_PER_EVENT per event (rank_body's 20: 5 ms)."""
+        hist = validate_history(self.config.model, history)
+        validate_candidates(self.config.model, candidate_ids)
+        return self.rank_ms or PREDICTED_MS_PER_EVENT * len(hist)
 
     def rank(self, user_id: str, history: Any, candidate_ids: Any, top_k: int | None = None) -> RankResult:
         self.calls.append(("rank", user_id))

@@ -1,5 +1,6 @@
 """Rank admission through the HTTP layer: beyond the SLO budget a rank gets 503 + Retry-After at once,
-before its body is read, and the instance keeps serving what it admitted."""
+before it reaches the engine, and the instance keeps serving what it admitted. The fake engine predicts
+PREDICTED_MS_PER_EVENT per event, so rank_body's 20 events weigh 5 ms."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import pytest
 from mindspore_relaygr.config import load_config
 from mindspore_relaygr.errors import ConfigError
 from mindspore_relaygr.relay.router import NginxConsistentHash
-from serving.api import ADMISSION_UNIT_BYTES
 from serving.app import create_app
 from serving.settings import resolve_settings
 from tests.conftest import CONFIGS
 from tests.serving.conftest import FakeEngine, rank_body
+from tests.serving.fake_engine import PREDICTED_MS_PER_EVENT
 
 
 class BlockingEngine(FakeEngine):
@@ -40,20 +41,14 @@ def make_app(fraction: float | None):
     return app, engine
 
 
-def one_unit(body: dict | bytes) -> bytes:
-    """The body padded with JSON whitespace to one admission unit: every rank weighs 1, as if counted."""
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return data + b" " * max(ADMISSION_UNIT_BYTES - len(data), 0)
-
-
 def post_rank(client, body) -> tuple[int, dict, dict]:
-    data = one_unit(body)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
     resp = client.post("/v1/rank", data=data, content_type="application/json")
     return resp.status_code, resp.get_json(), dict(resp.headers)
 
 
 def test_ranks_beyond_the_budget_are_refused_at_once_and_admitted_ones_are_served():
-    app, engine = make_app(fraction=0.5)  # budget 40 ms; before any departure a rank counts 5 ms: 8 admitted
+    app, engine = make_app(fraction=0.5)  # budget 40 ms; before any departure 5 predicted ms cost 5 ms: 8 admitted
     client = app.test_client()
     results: list[int] = []
     threads = [threading.Thread(target=lambda i=i: results.append(post_rank(client, rank_body(f"u{i}"))[0]))
@@ -62,11 +57,13 @@ def test_ranks_beyond_the_budget_are_refused_at_once_and_admitted_ones_are_serve
         t.start()
     for _ in threads:
         assert engine.entered.acquire(timeout=30)
-    status, body, hdrs = post_rank(client, b"{not json")  # refused before the body is parsed
+    status, body, hdrs = post_rank(client, rank_body("late"))
     assert status == 503 and hdrs["Retry-After"] == "1"
     assert body["field"] is None and "8 ranks ahead" in body["error"] and "budget 40 ms" in body["error"]
+    assert post_rank(client, b"{not json")[0] == 400  # a bad request is told so, loaded or not, and takes no budget
     stats = client.get("/v1/stats").get_json()["admission"]
     assert (stats["in_flight"], stats["admitted"], stats["rejected"]) == (8, 8, 1)
+    assert stats["work"] == pytest.approx(8 * 20 * PREDICTED_MS_PER_EVENT)
     engine.release.set()
     for t in threads:
         t.join(30)
@@ -122,7 +119,7 @@ def keys_by_position(servers: list[str], me: str) -> tuple[str, str]:
 def post_user_rank(client, user: str, routed: str | None = "affinity") -> int:
     """A rank as the cluster's nginx proxies it (routed="affinity"), or sent directly (None)."""
     hdrs = {"X-RelayGR-Affinity": user} | ({"X-RelayGR-Routed": routed} if routed else {})
-    resp = client.post("/v1/rank", data=one_unit(rank_body(user)), content_type="application/json", headers=hdrs)
+    resp = client.post("/v1/rank", json=rank_body(user), headers=hdrs)
     return resp.status_code
 
 
@@ -163,15 +160,31 @@ def test_upstream_servers_must_name_the_instance():
 
 
 def test_a_long_rank_weighs_more_than_a_short_one():
-    app, engine = make_app(fraction=0.5)  # budget 40 ms, 5 ms per unit before any departure
+    app, engine = make_app(fraction=0.25)  # budget 20 ms; a predicted ms costs 1 ms before any departure
     client = app.test_client()
-    big = one_unit(rank_body("big")) + b" " * (7 * ADMISSION_UNIT_BYTES)  # 8 units: 40 ms of predicted work
     results: list[int] = []
-    t = threading.Thread(target=lambda: results.append(client.post("/v1/rank", data=big,
-                                                                   content_type="application/json").status_code))
+    big = rank_body("big", n=80)  # 20 ms predicted: admitted alone
+    t = threading.Thread(target=lambda: results.append(post_rank(client, big)[0]))
     t.start()
     assert engine.entered.acquire(timeout=30)
-    assert post_rank(client, rank_body("u1"))[0] == 503  # (8 + 1) x 5 ms > 40 ms; counted as ranks, 2 x 5 would fit
+    assert post_rank(client, rank_body("u1"))[0] == 503  # 20 + 5 ms > 20 ms; counted as ranks, 2 x 5 would fit
     engine.release.set()
     t.join(30)
     assert results == [200]
+
+
+def test_a_cached_rank_weighs_what_the_engine_predicts_for_it():
+    app, engine = make_app(fraction=0.5)
+    engine.predicted_rank_ms = lambda user_id, history, candidate_ids: 2.0 if user_id == "cached" else 30.0
+    client = app.test_client()
+    t = threading.Thread(target=post_rank, args=(client, rank_body("slow")))
+    t.start()
+    assert engine.entered.acquire(timeout=30)
+    assert post_rank(client, rank_body("another slow"))[0] == 503  # 30 + 30 > 40
+    cached = threading.Thread(target=post_rank, args=(client, rank_body("cached")))
+    cached.start()  # 30 + 2 <= 40: admitted
+    assert engine.entered.acquire(timeout=30)
+    assert client.get("/v1/stats").get_json()["admission"]["work"] == pytest.approx(32.0)
+    engine.release.set()
+    t.join(30)
+    cached.join(30)
