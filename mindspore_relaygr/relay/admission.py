@@ -2,8 +2,8 @@
 
 A rank is admitted when the work ahead of it, plus its own, is predicted to drain within
 `budget_ms`; otherwise it is refused at once (the HTTP layer answers 503 + Retry-After, and nginx
-tries the next instance). The decision is taken when the request enters the server, before its body
-is parsed, and counts every admitted rank that has not finished, wherever it is: parsing, waiting
+tries the next instance). The decision is taken once the request is read and validated, before it
+reaches the engine, and counts every admitted rank that has not finished, wherever it is: waiting
 for an in-flight prefill, queued on the device thread or computing. Nothing waits where it is not
 counted, so the view stays accurate however many server threads there are.
 
