@@ -10,6 +10,7 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 from werkzeug.exceptions import MethodNotAllowed, RequestEntityTooLarge, RequestTimeout
 
 from mindspore_relaygr.errors import Overloaded
+from mindspore_relaygr.model.inputs import validate_candidates, validate_history
 from serving import headers, schemas
 from serving.engine_holder import FAILED, READY
 from serving.errors import Unauthorized
@@ -63,14 +64,17 @@ def rank() -> Response:
     data = _raw_body()  # a client stalling mid-body holds a thread (until serving.client_timeout_s), never budget
     req = schemas.parse_rank(schemas.parse_json(data), st.limits, request.headers.get(headers.AFFINITY))
     engine = st.holder.get()
+    # Lists to arrays once: the prediction and the rank then re-check arrays, which costs next to nothing.
+    history = validate_history(st.config.model, req.history)
+    candidate_ids = validate_candidates(st.config.model, req.candidate_ids)
     # Weighed by its predicted device time: a long history costs more than a short one, a cached one less
     # (admission control needs a positive weight; a rank predicted at 0 ms still counts as a rank).
-    cost_ms = max(engine.predicted_rank_ms(req.user_id, req.history, req.candidate_ids), 1e-3) \
+    cost_ms = max(engine.predicted_rank_ms(req.user_id, history, candidate_ids), 1e-3) \
         if st.admission is not None else 0.0
     _admit(st, cost_ms)
     served = False
     try:
-        result = engine.rank(req.user_id, req.history, req.candidate_ids, top_k=req.top_k)
+        result = engine.rank(req.user_id, history, candidate_ids, top_k=req.top_k)
         served = True
     finally:
         if st.admission is not None:
