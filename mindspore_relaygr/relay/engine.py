@@ -232,10 +232,14 @@ class RelayEngine:
         self.ledger.ready(relay.key)
         self.work.extensions += 1
 
+    def _may_extend(self, num_events: int) -> bool:
+        """Extension across requests is enabled and `num_events` fit a slot."""
+        return self.config.cache.enable_extension and num_events <= self.cache.max_prefix_len
+
     def _extension_pays(self, found: CacheKey, tier: str, num_events: int) -> bool:
         """Extending `found` (on the device, or in DRAM: plus the copy back) to `num_events` is enabled,
         fits a slot and is predicted to beat a fresh prefill of all of them."""
-        if not self.config.cache.enable_extension or num_events > self.cache.max_prefix_len:
+        if not self._may_extend(num_events):
             return False
         cost = sum(self._predicted_extension_ms(found, tier, num_events))
         return cost < self.latency.predict_prefill_ms(num_events + self._user_tokens)
@@ -325,7 +329,7 @@ class RelayEngine:
         if suffix <= self.config.model.max_suffix_len:
             copy = self._predicted_copy_ms(key) if tier == "dram" else []
             cached = sum(copy) + self.latency.predict_relay_ms(key.prefix_len + self._user_tokens, suffix, len(cands))
-        elif not self.config.cache.enable_extension or len(hist) > self.cache.max_prefix_len:
+        elif not self._may_extend(len(hist)):
             return miss  # `_extend` would not extend it
         else:  # extended to the whole history first, when that beats the miss
             cached = (sum(self._predicted_extension_ms(key, tier, len(hist)))
@@ -406,7 +410,7 @@ class RelayEngine:
         # Extended to the whole history, the rank's suffix graph then runs on no events.
         ranked = self.latency.predict_relay_ms(len(hist) + self._user_tokens, 0, len(cands))
         cost = sum(self._predicted_extension_ms(hit.key, "device", len(hist))) + ranked
-        if (not self.config.cache.enable_extension or len(hist) > self.cache.max_prefix_len
+        if (not self._may_extend(len(hist))
                 or cost >= self._predicted_miss_ms(hist, cands)):
             self.cache.release(hit)
             return None
