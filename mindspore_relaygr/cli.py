@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import sys
 import time
@@ -194,7 +195,8 @@ def cmd_bench_headline(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"spec": spec.__dict__, "config": str(args.config), "slo_ms": slo_ms,
                               "slo_rule": slo_rule, "cap_timing": {"cap_events": cap, "before": at_cap}}
     if args.bench == "slo-throughput":
-        res = headline.slo_throughput(cfg, model, latency, spec, args.loads, slo_ms, args.time_limit, say)
+        res = headline.slo_throughput(cfg, model, latency, spec, args.loads, slo_ms, args.time_limit, say,
+                                      baseline_loads=args.baseline_loads)
         report["slo_throughput"] = res
         plots.plot_slo_throughput(res, out.with_suffix(".png"))
         if args.ablation:
@@ -221,6 +223,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: must be >= 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number > 0")
     return value
 
 
@@ -327,8 +339,11 @@ def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
     # histories. 1,000 ranks per point: a P99 with a usable interval. A point takes 1000 / QPS seconds
     # per mode, so the default loads keep the sweep near 25 minutes.
     _add_headline_args(slo, "outputs/slo_throughput.json", median_len=1024, max_len=1536)
-    slo.add_argument("--loads", type=float, nargs="+", default=[3.0, 6.0, 9.0, 12.0, 16.0],
+    slo.add_argument("--loads", type=positive_float, nargs="+", default=[3.0, 6.0, 9.0, 12.0, 16.0],
                      help="offered QPS levels; the sweep goes on past them until both modes fail")
+    slo.add_argument("--baseline-loads", type=positive_float, nargs="+", default=None, metavar="QPS",
+                     help="the baseline's own QPS levels (default: --loads): its capacity is far below the "
+                          "relay's, and a point at a low load takes 1000 / QPS seconds")
     slo.add_argument("--ablation", action="store_true", help="also run relay with each mechanism disabled")
     slo.add_argument("--ablation-qps", type=float, default=8.0, help="offered load of the ablation runs")
     slo.set_defaults(func=cmd_bench_headline)

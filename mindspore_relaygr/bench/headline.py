@@ -6,8 +6,8 @@
 * Longest sequence: at a fixed load, sweep the history length; the same rule gives each mode's
   longest compliant length.
 A mode stops once a point fails even the largest budget of the per-budget table (no later point
-could count); the load sweep goes on past the given loads, 1.5x at a time, until both modes have
-failed (at most MAX_EXTRA_LOADS more).
+could count); each mode's load sweep goes on past its given loads, 1.5x at a time, until it has
+failed (at most MAX_EXTRA_LOADS more). The baseline may have loads of its own (`--baseline-loads`).
 Baseline = full inference of the request's history on the ranking path (relay disabled), capped at
 the length under test; relay = pre-infer at retrieval time, rank from the cache. The two modes of
 each point run back to back, alternating which goes first, on one model and one workload.
@@ -33,7 +33,7 @@ SLO_FACTOR = 2.0  # the budget leaves the full path at the production cap as muc
 CAP_CALLS = 40  # unloaded full-path calls at the cap behind the derived budget
 SLO_SCALES = (0.6, 0.8, 1.0, 1.25, 1.5, 2.0)  # budgets around the run's SLO in the sensitivity table
 MODES = ("baseline", "relay")
-MAX_EXTRA_LOADS = 4  # loads added past --loads while a mode still complies
+MAX_EXTRA_LOADS = 4  # loads added past a mode's given loads while it still complies
 LOAD_GROWTH = 1.5
 
 
@@ -147,17 +147,23 @@ def _p99_text(s: dict[str, Any]) -> str:
 
 def slo_throughput(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec, loads: list[float],
                    slo_ms: float, time_limit_s: float | None, progress: Progress,
-                   workload_at: Callable[[float], Any] | None = None) -> dict[str, Any]:
+                   workload_at: Callable[[float], Any] | None = None,
+                   baseline_loads: list[float] | None = None) -> dict[str, Any]:
     """Sweep the offered load on the synthetic workload of `spec`, or on `workload_at(qps)` when given
-    (`spec.max_len` is still the baseline's cap)."""
+    (`spec.max_len` is still the baseline's cap). The baseline runs at `baseline_loads` when given (its
+    capacity is far below the relay's, and a low load's point takes 1000 / QPS seconds), else at `loads`."""
     base_cfg = replace(config, relay=replace(config.relay, max_online_len=spec.max_len))
     top = max(_slo_grid(slo_ms))
     points: list[dict[str, Any]] = []
+    todo = {"baseline": sorted(baseline_loads or loads), "relay": sorted(loads)}
+    extra = dict.fromkeys(MODES, 0)
     failed: set[str] = set()  # failed the largest budget: no later point of the mode can count
-    todo, extra, i = sorted(loads), 0, 0
-    while todo and len(failed) < len(MODES):
-        qps = todo.pop(0)
-        modes = tuple(m for m in MODES if m not in failed)
+    i = 0
+    while any(todo[m] for m in MODES if m not in failed):
+        qps = min(todo[m][0] for m in MODES if m not in failed and todo[m])
+        modes = tuple(m for m in MODES if m not in failed and todo[m] and todo[m][0] == qps)
+        for m in modes:
+            todo[m].pop(0)
         workload = workload_at(qps) if workload_at is not None else Workload.generate(replace(spec, qps=qps))
         pair = _pair(base_cfg, model, latency, workload, i % 2 == 1, time_limit_s, modes=modes)
         i += 1
@@ -165,12 +171,12 @@ def slo_throughput(config: RelayGRConfig, model: Any, latency: Any, spec: Worklo
             points.append({"mode": mode, "qps": qps, **s, "complies": complies(s, slo_ms)})
             if not complies(s, top):
                 failed.add(mode)
+            elif not todo[mode] and extra[mode] < MAX_EXTRA_LOADS:
+                todo[mode].append(round(qps * LOAD_GROWTH, 2))  # the mode still complies: go on until it fails
+                extra[mode] += 1
             progress(f"slo-throughput {qps:g} QPS {mode:>8}: {_p99_text(s)} "
                      f"({'ok' if complies(s, slo_ms) else 'over'}), hit rate {s['hit_rate']:.2f}, "
                      f"longest device step {longest_step(s)}")
-        if not todo and len(failed) < len(MODES) and extra < MAX_EXTRA_LOADS:
-            todo.append(round(qps * LOAD_GROWTH, 2))  # a mode still complies: go on until both fail
-            extra += 1
     at_slo = judge(points, "qps", slo_ms)
     return {"slo_ms": slo_ms, "points": points, "compliant_qps": {m: at_slo[m] for m in MODES},
             "first_failing_qps": at_slo["first_failing"], "ratio": at_slo["ratio"],
@@ -256,12 +262,13 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def _point_lines(points: list[dict[str, Any]], axis: str, unit: str) -> list[str]:
-    """One row per tested value: each mode's P99 [interval] and ranks, and whether it complies."""
+    """One row per tested value: each mode's P99 [interval] and ranks, and whether it complies (a mode is
+    not run past a value where it failed the largest budget, nor off its own loads)."""
     by = {(p["mode"], p[axis]): p for p in points}
 
     def cell(p: dict[str, Any] | None) -> str:
         if p is None:
-            return f"{'(not run: failed below)':>36}"
+            return f"{'(not run)':>36}"
         return (f"{p['p99_ms']:>6.0f} [{p['p99_low_ms']:>5.0f}, {p['p99_high_ms']:>5.0f}] {p['samples']:>5} "
                 f"{'y' if p['complies'] else 'n':>3}")
 

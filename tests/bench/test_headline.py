@@ -94,3 +94,55 @@ def test_ratio_labels_say_what_the_grid_shows():
     assert headline.ratio_label(float("inf"), [3.0, float("inf")]) == ">= 3.00x"
     assert headline.ratio_label(float("inf"), [float("nan"), float("inf")]) == "unbounded"
     assert headline.ratio_label(float("nan"), [float("nan"), float("nan")]) == "n/a"
+
+
+def _stub_sweep(monkeypatch, p99_of: dict[str, callable]) -> list[tuple[float, tuple[str, ...]]]:
+    """Replace the engine runs of `slo_throughput` by P99s from `p99_of[mode](qps)`; returns the runs made."""
+    runs: list[tuple[float, tuple[str, ...]]] = []
+
+    def fake_pair(config, model, latency, workload, first_relay, time_limit_s, relay_config=None, modes=headline.MODES):
+        runs.append((workload.spec.qps, modes))
+        out = {}
+        for m in modes:
+            p = _point(m, workload.spec.qps, p99_of[m](workload.spec.qps))
+            out[m] = {k: v for k, v in p.items() if k not in ("mode", "qps")} | {"hit_rate": 0.0, "steps": {}}
+        return out
+
+    monkeypatch.setattr(headline, "_pair", fake_pair)
+    monkeypatch.setattr(headline, "longest_step", lambda s: "-")
+    return runs
+
+
+def _spec():
+    from mindspore_relaygr.bench.workload import WorkloadSpec
+    return WorkloadSpec(num_users=4, num_requests=4, qps=1.0, median_len=8, max_len=16, min_len=4,
+                        num_candidates=4, num_items=50)
+
+
+def test_the_baseline_sweeps_its_own_loads_and_each_mode_stops_when_it_fails_the_largest_budget(monkeypatch):
+    # budget 100 ms: grid 60..200 ms. Baseline P99 grows 60 ms per QPS, relay 10 ms per QPS.
+    runs = _stub_sweep(monkeypatch, {"baseline": lambda q: 60 * q, "relay": lambda q: 10 * q})
+    res = headline.slo_throughput(load_config(CONFIGS / "tiny.yaml"), None, None, _spec(), [3, 6, 9], 100.0,
+                                  None, lambda _: None, baseline_loads=[1, 2, 3])
+    # baseline: 1 and 2 only on its own, 3 together with the relay, then 4.5 (it still met 200 ms at 3: 180 ms)
+    # and it stops there (270 ms > 200); the relay goes on 1.5x at a time past 9 until it fails 200 ms (>= 20 QPS)
+    assert runs == [(1, ("baseline",)), (2, ("baseline",)), (3, ("baseline", "relay")), (4.5, ("baseline",)),
+                    (6, ("relay",)), (9, ("relay",)), (13.5, ("relay",)), (20.25, ("relay",))]
+    assert res["compliant_qps"] == {"baseline": 1, "relay": 9}
+    assert res["first_failing_qps"] == {"baseline": 2, "relay": 13.5}
+    assert res["ratio"] == 9.0 and res["ratio_range"] == [4.5, 13.5]
+
+
+def test_without_baseline_loads_both_modes_sweep_the_same_loads(monkeypatch):
+    runs = _stub_sweep(monkeypatch, {"baseline": lambda q: 60 * q, "relay": lambda q: 10 * q})
+    headline.slo_throughput(load_config(CONFIGS / "tiny.yaml"), None, None, _spec(), [1, 4, 8], 100.0,
+                            None, lambda _: None)
+    assert runs[:3] == [(1, ("baseline", "relay")), (4, ("baseline", "relay")), (8, ("relay",))]
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "nan", "inf", "three"])
+def test_loads_must_be_finite_and_positive(text, capsys):
+    from mindspore_relaygr.cli import build_parser
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "slo-throughput", "--baseline-loads", text])
+    assert text in capsys.readouterr().err
