@@ -1,12 +1,13 @@
 """`relaygr bench overload`: what one instance does past its capacity, alone and behind nginx.
 
 1. Saturation: closed-loop ranks from `--connections` client threads, straight to instance i0, for
-   `--calibrate-s` seconds; the instance's saturating throughput is the 200s per second it served.
-   A connection whose rank is refused waits out the 503's Retry-After, as a client should: one that
-   resends at once spins, and its refusals would eat the capacity being measured. So there are many
-   more connections than ranks the admission budget holds at once: while some wait out a refusal,
-   the others keep the instance busy (with as few as it admits, the waits leave it idle and the
-   measured throughput understates its capacity).
+   `--calibrate-s` seconds; the instance's saturating throughput is the ranks it served per second
+   it was busy (at least one admitted rank in flight, from its `/v1/stats`). A connection whose rank
+   is refused waits out the 503's Retry-After, as a client should: one that resends at once spins,
+   and its refusals would eat the capacity being measured. While connections wait, the instance may
+   run idle for moments; ranks per wall-clock second would then understate its capacity (a one-core
+   instance read 15 ranks/s that way and served 19 per second open loop), ranks per busy second do
+   not.
 2. One instance: open-loop ranks (Poisson arrivals) straight to i0 at each multiple of that
    throughput (0.5x .. 3x), `--ranks` per point. Per point: goodput (200s answered within the SLO,
    per second of offered load), 503s and their latency, P50/P99 of the accepted ranks, other errors.
@@ -126,6 +127,19 @@ def saturating_throughput(url: str, workload: Workload, connections: int, second
     return {"rps": counts["ok"] / elapsed, "seconds": elapsed, "connections": connections, **counts}
 
 
+def capacity(url: str, closed_loop: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run `closed_loop()` (a `saturating_throughput` call against the instance at `url`) and add the
+    instance's own count: `served` ranks and `busy_s` seconds with a rank in flight over the run, and
+    `capacity_rps` = served / busy_s (the wall-clock `rps` when the instance has no admission control)."""
+    before = admission_view(url)
+    out = closed_loop()
+    after = admission_view(url)
+    served = after.get("served", 0) - before.get("served", 0)
+    busy_s = after.get("busy_s", 0.0) - before.get("busy_s", 0.0)
+    return {**out, "served": served, "busy_s": busy_s,
+            "capacity_rps": served / busy_s if served > 0 and busy_s > 0 else out["rps"]}
+
+
 def open_loop(url: str, workload: Workload, rps: float, max_workers: int) -> tuple[list[Outcome], HTTPTarget]:
     """One open-loop run of the workload's ranks at `rps` against `url`."""
     scaled = at_load(workload, rps)
@@ -193,11 +207,13 @@ def run_overload_bench(bench: OverloadSpec, say: Callable[[str], None]) -> dict[
         retry_after_s = config.serving.retry_after_s
         saturating_throughput(direct, saturation_workload, bench.connections, min(bench.calibrate_s, 3.0),
                               retry_after_s)  # warm the path
-        sat = saturating_throughput(direct, saturation_workload, bench.connections, bench.calibrate_s, retry_after_s)
-        peak = sat["rps"]
+        sat = capacity(direct, lambda: saturating_throughput(direct, saturation_workload, bench.connections,
+                                                             bench.calibrate_s, retry_after_s))
+        peak = sat["capacity_rps"]
         report["saturation"] = sat
-        say(f"saturating throughput of one instance: {peak:.1f} ranks/s ({bench.connections} connections, "
-            f"closed loop; {sat['rejected']} refused)")
+        say(f"saturating throughput of one instance: {peak:.1f} ranks per busy second ({sat['served']} ranks in "
+            f"{sat['busy_s']:.1f} busy s of {sat['seconds']:.1f} s; {sat['rps']:.1f} ranks/s of wall clock from "
+            f"{bench.connections} closed-loop connections, {sat['rejected']} refused)")
         rows = []
         for m in bench.multiples:
             outcomes, _ = open_loop(direct, workload, m * peak, bench.max_workers)
@@ -261,14 +277,19 @@ def forwarding_run(spec: ClusterSpec, workload: Workload, direct: str, via_nginx
 ADMISSION_COUNTS = ("admitted", "rejected", "admitted_last_resort")
 
 
-def admission_counts(url: str) -> dict[str, int]:
-    """An instance's admission counters from `/v1/stats` (zeros when admission control is off)."""
+def admission_view(url: str) -> dict[str, Any]:
+    """An instance's admission view from `/v1/stats` (empty when admission control is off)."""
     import json
     import urllib.request
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(f"{url}/v1/stats", timeout=30) as resp:
-        admission = json.loads(resp.read()).get("admission") or {}
+        return json.loads(resp.read()).get("admission") or {}
+
+
+def admission_counts(url: str) -> dict[str, int]:
+    """An instance's admission counters from `/v1/stats` (zeros when admission control is off)."""
+    admission = admission_view(url)
     return {k: int(admission.get(k, 0)) for k in ADMISSION_COUNTS}
 
 
@@ -283,7 +304,8 @@ def point_line(r: dict[str, Any]) -> str:
 def format_report(report: dict[str, Any]) -> str:
     sat = report["saturation"]
     lines = [f"one instance, SLO {report['slo_ms']:g} ms, admission fraction {report['admission_fraction']}, "
-             f"{report['threads']} server threads; saturating throughput {sat['rps']:.1f} ranks/s",
+             f"{report['threads']} server threads; saturating throughput {sat['capacity_rps']:.1f} ranks per busy "
+             f"second ({sat['rps']:.1f} per wall-clock second of the closed loop)",
              f"{'load':>5} {'offered':>9} | {'goodput':>15} | accepted, p50 and p99 | 503s and their p50 | other"]
     lines += [point_line(r) for r in report["single"]]
     peak = max(r["goodput_rps"] for r in report["single"])

@@ -203,7 +203,7 @@ def plot_overload(report: dict[str, Any], path: Path) -> None:
     load = [r["multiple"] for r in rows]
     ax.plot(load, [r["goodput_rps"] for r in rows], "o-", label="goodput (200 within the SLO)")
     ax.plot(load, [r["rejected_503"] / r["ranks"] * r["offered_rps"] for r in rows], "s--", label="503 per second")
-    ax.axhline(report["saturation"]["rps"], color="gray", linestyle=":", label="saturating throughput")
+    ax.axhline(report["saturation"]["capacity_rps"], color="gray", linestyle=":", label="saturating throughput")
     ax.set(xlabel="offered load (x saturating throughput)", ylabel="ranks per second",
            title="one instance past its capacity")
     ax.legend(fontsize=8)

@@ -14,7 +14,9 @@ consecutive completions, divided by the size of the rank that completed, is the 
 whatever the bottleneck is (device thread, interpreter lock, JSON, a neighbour on the same cores).
 Its exponentially weighted mean is the unit cost, so a request of size `s` arriving behind
 unfinished ranks of total size `W` is predicted to finish after `(W + s) * cost`. With every size 1
-this counts ranks. Plain Python, thread-safe, no MindSpore.
+this counts ranks. The time with at least one rank in flight is summed (`busy_s`): ranks served per
+busy second is the instance's capacity, whether or not its clients kept it busy. Plain Python,
+thread-safe, no MindSpore.
 
 The budget is a fraction of the SLO so that a refused rank still has time to be served by the next
 instance. A rank that reached its last instance (every other one refused it) has no next one:
@@ -42,6 +44,8 @@ class AdmissionSnapshot:
     admitted: int
     rejected: int
     admitted_last_resort: int  # admitted against last_resort_budget_ms, over budget_ms
+    served: int  # admitted ranks that left served (not refused before the model)
+    busy_s: float  # seconds with at least one admitted rank in flight, since start
 
     @property
     def work_ahead_ms(self) -> float:
@@ -52,7 +56,8 @@ class AdmissionSnapshot:
                 "in_flight": self.in_flight, "work": self.work, "cost_ms": self.cost_ms,
                 "work_ahead_ms": self.work_ahead_ms,
                 "admitted": self.admitted, "rejected": self.rejected,
-                "admitted_last_resort": self.admitted_last_resort}
+                "admitted_last_resort": self.admitted_last_resort,
+                "served": self.served, "busy_s": self.busy_s}
 
 
 class AdmissionControl:
@@ -83,6 +88,9 @@ class AdmissionControl:
         self._rejected = 0
         self._admitted_last_resort = 0
         self._busy_since: float | None = None  # last departure, or the start of the current busy period
+        self._period_start: float | None = None  # start of the current busy period
+        self._busy_s = 0.0  # length of the busy periods that ended
+        self._served = 0
 
     def try_admit(self, last_resort: bool | Callable[[], bool] = False, size: float = 1.0) -> bool:
         """True (and the rank counts as in flight until `finish(size=...)`) if it is predicted to meet the
@@ -99,7 +107,7 @@ class AdmissionControl:
                     return False
                 self._admitted_last_resort += 1
             if self._in_flight == 0:
-                self._busy_since = self._clock()
+                self._busy_since = self._period_start = self._clock()
             self._in_flight += 1
             self._work += size
             self._admitted += 1
@@ -113,18 +121,22 @@ class AdmissionControl:
             if self._in_flight <= 0:
                 raise RuntimeError("finish() without an admitted rank")
             now = self._clock()
-            if served and self._busy_since is not None:
-                sample_ms = (now - self._busy_since) * 1e3 / size
-                self._cost_ms += self._smoothing * (sample_ms - self._cost_ms)
-                self._busy_since = now
+            if served:
+                self._served += 1
+                if self._busy_since is not None:
+                    sample_ms = (now - self._busy_since) * 1e3 / size
+                    self._cost_ms += self._smoothing * (sample_ms - self._cost_ms)
+                    self._busy_since = now
             self._in_flight -= 1
             self._work = max(self._work - size, 0.0)
             if self._in_flight == 0:
                 self._work = 0.0
-                self._busy_since = None
+                self._busy_s += now - self._period_start
+                self._busy_since = self._period_start = None
 
     def snapshot(self) -> AdmissionSnapshot:
         with self._lock:
+            busy_s = self._busy_s + (self._clock() - self._period_start if self._period_start is not None else 0.0)
             return AdmissionSnapshot(self.budget_ms, self.last_resort_budget_ms, self._in_flight, self._work,
-                                     self._cost_ms,
-                                     self._admitted, self._rejected, self._admitted_last_resort)
+                                     self._cost_ms, self._admitted, self._rejected, self._admitted_last_resort,
+                                     self._served, busy_s)

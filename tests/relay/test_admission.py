@@ -71,6 +71,26 @@ def test_ranks_refused_before_the_model_do_not_teach_the_cost():
     assert ctl.snapshot().cost_ms == pytest.approx(30.1)
 
 
+def test_busy_time_sums_the_periods_with_a_rank_in_flight_and_served_counts_what_was_answered():
+    clock = FakeClock()
+    ctl = AdmissionControl(budget_ms=100.0, initial_cost_ms=10.0, clock=clock)
+    assert ctl.snapshot().busy_s == 0.0
+    assert ctl.try_admit() and ctl.try_admit()
+    clock.advance_ms(30.0)
+    ctl.finish()
+    clock.advance_ms(20.0)
+    ctl.finish()  # the busy period lasted 50 ms
+    clock.advance_ms(500.0)  # idle: not busy time
+    assert ctl.snapshot().busy_s == pytest.approx(0.050)
+    assert ctl.try_admit()
+    clock.advance_ms(7.0)
+    assert ctl.snapshot().busy_s == pytest.approx(0.057)  # an open busy period counts up to now
+    ctl.finish(served=False)  # a 400 leaves the queue: busy while it was in it, but not served
+    view = ctl.snapshot()
+    assert view.busy_s == pytest.approx(0.057) and (view.served, view.admitted) == (2, 3)
+    assert view.to_dict()["busy_s"] == pytest.approx(0.057) and view.to_dict()["served"] == 2
+
+
 def test_finish_without_admission_is_an_error_and_bad_settings_are_refused():
     with pytest.raises(RuntimeError, match="without an admitted rank"):
         AdmissionControl(10.0, 1.0).finish()

@@ -72,7 +72,14 @@ def test_harness_on_fake_engines_sheds_past_capacity_and_nginx_forwards(tmp_path
     cores = sorted(os.sched_getaffinity(0))
     assert report["pin_cpus"] and report["cpu_sets"] == {"i0": [cores[0]], "i1": [cores[1 % len(cores)]]}
     low, high = report["single"]
-    assert report["saturation"]["ok"] > 0 and report["saturation"]["other"] == 0
+    sat = report["saturation"]
+    assert sat["ok"] > 0 and sat["other"] == 0
+    # capacity is read from i0's own count: it served what the client saw answered, in at most the run's time,
+    # and the loads are multiples of it
+    assert sat["served"] == sat["ok"] and 0 < sat["busy_s"] <= sat["seconds"]
+    assert sat["capacity_rps"] == pytest.approx(sat["served"] / sat["busy_s"]) and sat["capacity_rps"] >= sat["rps"]
+    assert [r["offered_rps"] for r in report["single"]] == pytest.approx([0.5 * sat["capacity_rps"],
+                                                                          3 * sat["capacity_rps"]])
     assert low["other_errors"] == high["other_errors"] == 0
     assert low["ranks"] == high["ranks"] == 150
     assert high["rejected_503"] > 0 and high["accepted"] > 0
