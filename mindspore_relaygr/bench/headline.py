@@ -159,9 +159,9 @@ def slo_throughput(config: RelayGRConfig, model: Any, latency: Any, spec: Worklo
     extra = dict.fromkeys(MODES, 0)
     failed: set[str] = set()  # failed the largest budget: no later point of the mode can count
     i = 0
-    while any(todo[m] for m in MODES if m not in failed):
-        qps = min(todo[m][0] for m in MODES if m not in failed and todo[m])
-        modes = tuple(m for m in MODES if m not in failed and todo[m] and todo[m][0] == qps)
+    while active := [m for m in MODES if m not in failed and todo[m]]:
+        qps = min(todo[m][0] for m in active)
+        modes = tuple(m for m in active if todo[m][0] == qps)
         for m in modes:
             todo[m].pop(0)
         workload = workload_at(qps) if workload_at is not None else Workload.generate(replace(spec, qps=qps))
