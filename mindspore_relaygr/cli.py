@@ -204,7 +204,8 @@ def cmd_bench_headline(args: argparse.Namespace) -> int:
             report["ablation"] = headline.ablation(cfg, model, latency, abl_spec, slo_ms, args.time_limit, say)
             plots.plot_ablation(report["ablation"], slo_ms, out.with_name(out.stem + "_ablation.png"))
     else:
-        res = headline.max_seq(cfg, model, latency, spec, args.lengths, args.qps, slo_ms, args.time_limit, say)
+        res = headline.max_seq(cfg, model, latency, spec, args.lengths, args.qps, slo_ms, args.time_limit, say,
+                               baseline_lengths=args.baseline_lengths)
         report["max_seq"] = res
         plots.plot_max_seq(res, out.with_suffix(".png"))
     # The same timing after the sweep shows how far the machine drifted during the run.
@@ -352,7 +353,10 @@ def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
     # At 1 QPS a point of 1,000 ranks takes ~17 minutes per mode: fewer lengths, each with a P99 that holds.
     _add_headline_args(seq, "outputs/max_seq.json", median_len=2048, max_len=4096)
     seq.add_argument("--qps", type=float, default=1.0)
-    seq.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 3072, 4095])
+    seq.add_argument("--lengths", type=positive_int, nargs="+", default=[1024, 2048, 3072, 4095])
+    seq.add_argument("--baseline-lengths", type=positive_int, nargs="+", default=None, metavar="EVENTS",
+                     help="the baseline's own history lengths (default: --lengths): its longest compliant history "
+                          "is far shorter than the relay's, and a point takes 1000 / QPS seconds")
     seq.set_defaults(func=cmd_bench_headline)
 
     from mindspore_relaygr.bench.revisit import register as register_revisit_bench

@@ -7,7 +7,8 @@
   longest compliant length.
 A mode stops once a point fails even the largest budget of the per-budget table (no later point
 could count); each mode's load sweep goes on past its given loads, 1.5x at a time, until it has
-failed (at most MAX_EXTRA_LOADS more). The baseline may have loads of its own (`--baseline-loads`).
+failed (at most MAX_EXTRA_LOADS more). The baseline may have loads (lengths) of its own
+(`--baseline-loads`, `--baseline-lengths`).
 Baseline = full inference of the request's history on the ranking path (relay disabled), capped at
 the length under test; relay = pre-infer at retrieval time, rank from the cache. The two modes of
 each point run back to back, alternating which goes first, on one model and one workload.
@@ -145,6 +146,36 @@ def _p99_text(s: dict[str, Any]) -> str:
     return f"p99 {s['p99_ms']:.0f} ms [{s['p99_low_ms']:.0f}, {s['p99_high_ms']:.0f}] of {s['samples']} ranks"
 
 
+def _sweep(todo: dict[str, list[float]], slo_ms: float, run: Callable[[float, tuple[str, ...], int], dict[str, dict]],
+           grow: Callable[[float], float] | None, report: Callable[[float, str, dict[str, Any]], None],
+           axis: str) -> list[dict[str, Any]]:
+    """Run each mode's values in rising order, modes sharing a value back to back (`run(value, modes, i)`);
+    a mode stops once a point fails the largest budget, and, when `grow` is given, goes on past its last
+    value (at most MAX_EXTRA_LOADS more) while it still complies."""
+    top = max(_slo_grid(slo_ms))
+    todo = {m: sorted(todo[m]) for m in MODES}
+    points: list[dict[str, Any]] = []
+    extra = dict.fromkeys(MODES, 0)
+    failed: set[str] = set()  # failed the largest budget: no later point of the mode can count
+    i = 0
+    while active := [m for m in MODES if m not in failed and todo[m]]:
+        value = min(todo[m][0] for m in active)
+        modes = tuple(m for m in active if todo[m][0] == value)
+        for m in modes:
+            todo[m].pop(0)
+        pair = run(value, modes, i)
+        i += 1
+        for mode, s in pair.items():
+            points.append({"mode": mode, axis: value, **s, "complies": complies(s, slo_ms)})
+            if not complies(s, top):
+                failed.add(mode)
+            elif grow is not None and not todo[mode] and extra[mode] < MAX_EXTRA_LOADS:
+                todo[mode].append(grow(value))  # the mode still complies: go on until it fails
+                extra[mode] += 1
+            report(value, mode, s)
+    return points
+
+
 def slo_throughput(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec, loads: list[float],
                    slo_ms: float, time_limit_s: float | None, progress: Progress,
                    workload_at: Callable[[float], Any] | None = None,
@@ -153,30 +184,18 @@ def slo_throughput(config: RelayGRConfig, model: Any, latency: Any, spec: Worklo
     (`spec.max_len` is still the baseline's cap). The baseline runs at `baseline_loads` when given (its
     capacity is far below the relay's, and a low load's point takes 1000 / QPS seconds), else at `loads`."""
     base_cfg = replace(config, relay=replace(config.relay, max_online_len=spec.max_len))
-    top = max(_slo_grid(slo_ms))
-    points: list[dict[str, Any]] = []
-    todo = {"baseline": sorted(baseline_loads or loads), "relay": sorted(loads)}
-    extra = dict.fromkeys(MODES, 0)
-    failed: set[str] = set()  # failed the largest budget: no later point of the mode can count
-    i = 0
-    while active := [m for m in MODES if m not in failed and todo[m]]:
-        qps = min(todo[m][0] for m in active)
-        modes = tuple(m for m in active if todo[m][0] == qps)
-        for m in modes:
-            todo[m].pop(0)
+
+    def run(qps: float, modes: tuple[str, ...], i: int) -> dict[str, dict]:
         workload = workload_at(qps) if workload_at is not None else Workload.generate(replace(spec, qps=qps))
-        pair = _pair(base_cfg, model, latency, workload, i % 2 == 1, time_limit_s, modes=modes)
-        i += 1
-        for mode, s in pair.items():
-            points.append({"mode": mode, "qps": qps, **s, "complies": complies(s, slo_ms)})
-            if not complies(s, top):
-                failed.add(mode)
-            elif not todo[mode] and extra[mode] < MAX_EXTRA_LOADS:
-                todo[mode].append(round(qps * LOAD_GROWTH, 2))  # the mode still complies: go on until it fails
-                extra[mode] += 1
-            progress(f"slo-throughput {qps:g} QPS {mode:>8}: {_p99_text(s)} "
-                     f"({'ok' if complies(s, slo_ms) else 'over'}), hit rate {s['hit_rate']:.2f}, "
-                     f"longest device step {longest_step(s)}")
+        return _pair(base_cfg, model, latency, workload, i % 2 == 1, time_limit_s, modes=modes)
+
+    def report(qps: float, mode: str, s: dict[str, Any]) -> None:
+        progress(f"slo-throughput {qps:g} QPS {mode:>8}: {_p99_text(s)} "
+                 f"({'ok' if complies(s, slo_ms) else 'over'}), hit rate {s['hit_rate']:.2f}, "
+                 f"longest device step {longest_step(s)}")
+
+    todo = {"baseline": list(baseline_loads or loads), "relay": list(loads)}
+    points = _sweep(todo, slo_ms, run, lambda qps: round(qps * LOAD_GROWTH, 2), report, "qps")
     at_slo = judge(points, "qps", slo_ms)
     return {"slo_ms": slo_ms, "points": points, "compliant_qps": {m: at_slo[m] for m in MODES},
             "first_failing_qps": at_slo["first_failing"], "ratio": at_slo["ratio"],
@@ -185,30 +204,31 @@ def slo_throughput(config: RelayGRConfig, model: Any, latency: Any, spec: Worklo
 
 def max_seq(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec | None, lengths: list[int], qps: float,
             slo_ms: float, time_limit_s: float | None, progress: Progress,
-            workload_at: Callable[[int], Any] | None = None) -> dict[str, Any]:
+            workload_at: Callable[[int], Any] | None = None,
+            baseline_lengths: list[int] | None = None) -> dict[str, Any]:
     """Sweep the history length at `qps`: by default every history has exactly that length (synthetic);
-    `workload_at(length)` gives another workload per length instead (e.g. real timelines capped there)."""
-    top = max(_slo_grid(slo_ms))
-    points: list[dict[str, Any]] = []
-    failed: set[str] = set()
-    for i, length in enumerate(sorted(lengths)):
-        modes = tuple(m for m in MODES if m not in failed)
-        if not modes:
-            break
+    `workload_at(length)` gives another workload per length instead (e.g. real timelines capped there).
+    The baseline runs at `baseline_lengths` when given (its longest compliant history is far shorter than
+    the relay's, and each point takes 1000 / QPS seconds), else at `lengths`. The sweep ends at the given
+    lengths: a model has no bucket past its longest."""
+
+    def run(length: float, modes: tuple[str, ...], i: int) -> dict[str, dict]:
+        length = int(length)
         if workload_at is None:
             workload = Workload.generate(replace(spec, qps=qps, median_len=length, length_sigma=0.0, min_len=length,
                                                  max_len=length, growth_per_visit=0))
         else:
             workload = workload_at(length)
         base_cfg = replace(config, relay=replace(config.relay, max_online_len=length))
-        pair = _pair(base_cfg, model, latency, workload, i % 2 == 1, time_limit_s, modes=modes)
-        for mode, s in pair.items():
-            points.append({"mode": mode, "length": length, **s, "complies": complies(s, slo_ms)})
-            if not complies(s, top):
-                failed.add(mode)
-            progress(f"max-seq {length} events {mode:>8}: {_p99_text(s)} "
-                     f"({'ok' if complies(s, slo_ms) else 'over'}), tiers {s['tiers']}, "
-                     f"longest device step {longest_step(s)}")
+        return _pair(base_cfg, model, latency, workload, i % 2 == 1, time_limit_s, modes=modes)
+
+    def report(length: float, mode: str, s: dict[str, Any]) -> None:
+        progress(f"max-seq {int(length)} events {mode:>8}: {_p99_text(s)} "
+                 f"({'ok' if complies(s, slo_ms) else 'over'}), tiers {s['tiers']}, "
+                 f"longest device step {longest_step(s)}")
+
+    todo = {"baseline": list(baseline_lengths or lengths), "relay": list(lengths)}
+    points = _sweep(todo, slo_ms, run, None, report, "length")
     at_slo = judge(points, "length", slo_ms)
     return {"slo_ms": slo_ms, "qps": qps, "points": points, "max_len": {m: at_slo[m] for m in MODES},
             "first_failing_len": at_slo["first_failing"], "ratio": at_slo["ratio"],

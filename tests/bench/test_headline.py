@@ -96,16 +96,19 @@ def test_ratio_labels_say_what_the_grid_shows():
     assert headline.ratio_label(float("nan"), [float("nan"), float("nan")]) == "n/a"
 
 
-def _stub_sweep(monkeypatch, p99_of: dict[str, callable]) -> list[tuple[float, tuple[str, ...]]]:
-    """Replace the engine runs of `slo_throughput` by P99s from `p99_of[mode](qps)`; returns the runs made."""
+def _stub_sweep(monkeypatch, p99_of: dict[str, callable], axis: str = "qps") -> list[tuple[float, tuple]]:
+    """Replace the engine runs of the sweeps by P99s from `p99_of[mode](x)`, x the workload's QPS (or, with
+    axis="length", its history length); returns the runs made as (x, modes)."""
     runs: list[tuple[float, tuple[str, ...]]] = []
 
     def fake_pair(config, model, latency, workload, first_relay, time_limit_s, relay_config=None, modes=headline.MODES):
-        runs.append((workload.spec.qps, modes))
+        x = workload.spec.qps if axis == "qps" else workload.spec.max_len
+        runs.append((x, modes))
         out = {}
         for m in modes:
-            p = _point(m, workload.spec.qps, p99_of[m](workload.spec.qps))
-            out[m] = {k: v for k, v in p.items() if k not in ("mode", "qps")} | {"hit_rate": 0.0, "steps": {}}
+            p = _point(m, x, p99_of[m](x))
+            stats = {k: v for k, v in p.items() if k not in ("mode", "qps")}
+            out[m] = stats | {"hit_rate": 0.0, "steps": {}, "tiers": {}}
         return out
 
     monkeypatch.setattr(headline, "_pair", fake_pair)
@@ -145,4 +148,35 @@ def test_loads_must_be_finite_and_positive(text, capsys):
     from mindspore_relaygr.cli import build_parser
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "slo-throughput", "--baseline-loads", text])
+    assert text in capsys.readouterr().err
+
+
+def test_max_seq_baseline_sweeps_its_own_lengths_and_stops_at_the_last_given_one(monkeypatch):
+    # budget 100 ms (grid 60..200): baseline P99 0.1 ms per event, relay 0.02 ms per event
+    runs = _stub_sweep(monkeypatch, {"baseline": lambda n: 0.1 * n, "relay": lambda n: 0.02 * n}, axis="length")
+    res = headline.max_seq(load_config(CONFIGS / "tiny.yaml"), None, None, _spec(), [1024, 2048, 4096], 1.0, 100.0,
+                           None, lambda _: None, baseline_lengths=[512, 1024, 1536])
+    # the baseline is over 100 ms from 1024 events but within 200 ms, so it runs 1536 too; nothing past the
+    # given lengths (a model has no bucket beyond its longest), so the relay's 4096 is a lower bound
+    assert runs == [(512, ("baseline",)), (1024, ("baseline", "relay")), (1536, ("baseline",)),
+                    (2048, ("relay",)), (4096, ("relay",))]
+    assert res["max_len"] == {"baseline": 512, "relay": 4096}
+    assert res["ratio"] == 8.0
+    assert [p["length"] for p in res["points"] if p["mode"] == "baseline"] == [512, 1024, 1536]
+
+
+def test_max_seq_mode_stops_once_it_fails_the_largest_budget(monkeypatch):
+    runs = _stub_sweep(monkeypatch, {"baseline": lambda n: 0.3 * n, "relay": lambda n: 0.02 * n}, axis="length")
+    res = headline.max_seq(load_config(CONFIGS / "tiny.yaml"), None, None, _spec(), [512, 1024, 2048], 1.0, 100.0,
+                           None, lambda _: None)
+    # baseline: 154 ms at 512 (within 200), 307 ms at 1024 (over 200): it stops, 2048 runs the relay alone
+    assert runs == [(512, ("baseline", "relay")), (1024, ("baseline", "relay")), (2048, ("relay",))]
+    assert res["max_len"] == {"baseline": 0, "relay": 2048}  # 0: no length complies
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "1.5", "long"])
+def test_lengths_must_be_positive_integers(text, capsys):
+    from mindspore_relaygr.cli import build_parser
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "max-seq", "--baseline-lengths", text])
     assert text in capsys.readouterr().err
