@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -119,7 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     """Start (or --stop) N instances behind nginx; in the foreground, Ctrl-C stops everything."""
-    from serving.cluster import Cluster, ClusterSpec, registered_run_dir, stop_cluster
+    from serving.cluster import Cluster, ClusterSpec, registered_run_dir, sigterm_interrupts, stop_cluster
     from serving.settings import resolve_settings
 
     run_dir = Path(args.run_dir or f"outputs/cluster-{args.port}").resolve()
@@ -139,25 +138,24 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                        balance=args.balance, pin_cpus=args.pin_cpus)
     cluster = Cluster(spec)
     detached = False
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
-    try:
-        print(f"[cluster] starting {spec.num_instances} instances on {', '.join(spec.servers)}; run dir {run_dir}",
-              file=sys.stderr, flush=True)
-        cluster.start(args.ready_timeout)
-        how = "hash on the X-RelayGR-Affinity header" if spec.balance == "affinity" else "random instance"
-        print(f"[cluster] ready: http://{spec.host}:{spec.port} (nginx, {how})", file=sys.stderr, flush=True)
-        if args.detach:
-            print(f"[cluster] detached; stop with: relaygr cluster --stop --port {spec.port}", file=sys.stderr)
-            detached = True
+    with sigterm_interrupts():  # SIGTERM stops like Ctrl-C
+        try:
+            print(f"[cluster] starting {spec.num_instances} instances on {', '.join(spec.servers)}; run dir {run_dir}",
+                  file=sys.stderr, flush=True)
+            cluster.start(args.ready_timeout)
+            how = "hash on the X-RelayGR-Affinity header" if spec.balance == "affinity" else "random instance"
+            print(f"[cluster] ready: http://{spec.host}:{spec.port} (nginx, {how})", file=sys.stderr, flush=True)
+            if args.detach:
+                print(f"[cluster] detached; stop with: relaygr cluster --stop --port {spec.port}", file=sys.stderr)
+                detached = True
+                return 0
+            return cluster.monitor()
+        except KeyboardInterrupt:
+            print("[cluster] stopping", file=sys.stderr, flush=True)
             return 0
-        return cluster.monitor()
-    except KeyboardInterrupt:
-        print("[cluster] stopping", file=sys.stderr, flush=True)
-        return 0
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if not detached:
-            cluster.stop()
+        finally:
+            if not detached:
+                cluster.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

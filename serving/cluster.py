@@ -21,6 +21,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -306,6 +308,17 @@ class Cluster:
         (self.run_dir / STATE_FILE).unlink(missing_ok=True)
         unregister_run_dir(self.spec.port, self.run_dir)
         return stopped
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While the block runs, SIGTERM raises KeyboardInterrupt (as Ctrl-C does), so the `finally` of a command that
+    started a cluster stops its nginx and instances instead of leaving them running."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def registry_dir() -> Path:

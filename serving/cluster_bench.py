@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
 import socket
 import sys
 import time
@@ -456,11 +455,10 @@ def cmd_bench_cluster(args: argparse.Namespace) -> int:
         say("no --profile: every instance calibrates its latency model at start-up, at the same time as the "
             "others (slower, and they disturb each other's measurements); `relaygr profile` writes one")
     machine = machine_info()  # before the servers start: measured after they stop, the CPU is still busy
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM: stop the clusters, like Ctrl-C
-    try:
+    from serving.cluster import sigterm_interrupts
+
+    with sigterm_interrupts():  # SIGTERM stops the clusters, like Ctrl-C
         report = run_cluster_bench(bench, config, workload, say)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     report["workload"] = str(out.with_suffix(".workload.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     workload.save(out.with_suffix(".workload.json"))

@@ -357,7 +357,10 @@ def cmd_bench_overload(args: argparse.Namespace) -> int:
                          max_workers=args.max_workers, median_len=args.median_len, num_candidates=args.candidates,
                          engine_factory=args.engine_factory, pin_cpus=args.pin_cpus)
     machine = machine_info()  # before the servers start: measured after they stop, the CPU is still busy
-    report = run_overload_bench(bench, say)
+    from serving.cluster import sigterm_interrupts
+
+    with sigterm_interrupts():  # SIGTERM stops nginx and the instances, like Ctrl-C
+        report = run_overload_bench(bench, say)
     out.parent.mkdir(parents=True, exist_ok=True)
     report["machine"] = machine
     write_report(report, out)

@@ -91,3 +91,44 @@ def test_harness_on_fake_engines_sheds_past_capacity_and_nginx_forwards(tmp_path
     # refused at least the direct ranks answered 503 (plus the forwarded ones that then went to i1).
     assert fwd["admission"]["i1"]["admitted"] == fwd["via_nginx_instances"]["i1"]
     assert fwd["admission"]["i0"]["rejected"] >= fwd["direct"]["rejected_503"]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_bench_s_nginx_and_instances(tmp_path):
+    """A stopped `relaygr bench overload` (SIGTERM, as `timeout` or a job runner sends) leaves nothing running."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from serving.cluster import _alive, read_state, stop_members
+    from tests.conftest import REPO
+    from tests.serving.servers import stop_group, tail
+
+    out = tmp_path / "overload.json"
+    run_dir = tmp_path / "overload_run"
+    log = tmp_path / "bench.log"
+    cmd = [sys.executable, "-m", "serving.cli", "bench", "overload", "--config", str(TINY),
+           "--engine-factory", FAKE_FACTORY, "--ranks", "5000", "--calibrate-s", "2", "--median-len", "40",
+           "--candidates", "8", "--out", str(out)]
+    with open(log, "ab") as sink:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "RELAYGR_FAKE_RANK_MS": "20",
+                                     "PATH": os.environ.get("PATH", "") + ":/usr/sbin"},
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while "saturating throughput" not in log.read_text(errors="replace"):  # nginx and both instances are up
+            assert proc.poll() is None and time.monotonic() < deadline, tail(log)
+            time.sleep(0.2)
+        members = read_state(run_dir)
+        assert {m.name for m in members} >= {"i0", "i1"} and all(_alive(m.pid) for m in members)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        assert not [m.name for m in members if _alive(m.pid)], tail(log)
+        assert not out.exists()  # stopped before it finished: no report
+    finally:
+        if proc.poll() is None:
+            stop_group(proc)
+        if (run_dir / "cluster.json").exists():
+            stop_members(read_state(run_dir), run_dir.resolve(), 20)
