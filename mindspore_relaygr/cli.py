@@ -352,7 +352,7 @@ def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
     seq = bench_sub.add_parser("max-seq", help="longest history with rank P99 <= SLO at a fixed load")
     # At 1 QPS a point of 1,000 ranks takes ~17 minutes per mode: fewer lengths, each with a P99 that holds.
     _add_headline_args(seq, "outputs/max_seq.json", median_len=2048, max_len=4096)
-    seq.add_argument("--qps", type=float, default=1.0)
+    seq.add_argument("--qps", type=positive_float, default=1.0, help="offered load of every point")
     seq.add_argument("--lengths", type=positive_int, nargs="+", default=[1024, 2048, 3072, 4095])
     seq.add_argument("--baseline-lengths", type=positive_int, nargs="+", default=None, metavar="EVENTS",
                      help="the baseline's own history lengths (default: --lengths): its longest compliant history "

@@ -174,9 +174,10 @@ def test_max_seq_mode_stops_once_it_fails_the_largest_budget(monkeypatch):
     assert res["max_len"] == {"baseline": 0, "relay": 2048}  # 0: no length complies
 
 
-@pytest.mark.parametrize("text", ["0", "-5", "1.5", "long"])
-def test_lengths_must_be_positive_integers(text, capsys):
+@pytest.mark.parametrize("flag,text", [("--baseline-lengths", "0"), ("--baseline-lengths", "-5"),
+                                       ("--lengths", "1.5"), ("--lengths", "long"), ("--qps", "0"), ("--qps", "nan")])
+def test_max_seq_lengths_and_load_are_checked(flag, text, capsys):
     from mindspore_relaygr.cli import build_parser
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["bench", "max-seq", "--baseline-lengths", text])
+        build_parser().parse_args(["bench", "max-seq", flag, text])
     assert text in capsys.readouterr().err
