@@ -124,7 +124,7 @@ def plot_max_seq(result: dict[str, Any], path: Path) -> None:
         _p99_with_interval(ax, result["points"], "length", mode, style, mode)
     ax.axhline(result["slo_ms"], color="red", linestyle="--", label=f"SLO {result['slo_ms']:g} ms")
     ax.set(xlabel="history length (events)", ylabel="rank P99 (ms), 95% bootstrap interval", xscale="log",
-           title=f"latency vs sequence length at {result['qps']:g} QPS")
+           yscale="log", title=f"latency vs sequence length at {result['qps']:g} QPS")  # a collapsed point is 100x
     ax.legend(fontsize=8)
     modes = ["baseline", "relay"]
     bx.bar(modes, [result["max_len"][m] for m in modes], color=["tab:blue", "tab:orange"])
