@@ -147,11 +147,12 @@ def _p99_text(s: dict[str, Any]) -> str:
 
 
 def _sweep(todo: dict[str, list[float]], slo_ms: float, run: Callable[[float, tuple[str, ...], int], dict[str, dict]],
-           grow: Callable[[float], float] | None, report: Callable[[float, str, dict[str, Any]], None],
-           axis: str) -> list[dict[str, Any]]:
+           grow: Callable[[float], float] | None, axis: str, progress: Progress,
+           label: Callable[[float], str], detail: Callable[[dict[str, Any]], str]) -> list[dict[str, Any]]:
     """Run each mode's values in rising order, modes sharing a value back to back (`run(value, modes, i)`);
     a mode stops once a point fails the largest budget, and, when `grow` is given, goes on past its last
-    value (at most MAX_EXTRA_LOADS more) while it still complies."""
+    value (at most MAX_EXTRA_LOADS more) while it still complies. Each point is reported as one progress
+    line: `label(value)`, the mode, its P99 and `detail(stats)`."""
     top = max(_slo_grid(slo_ms))
     todo = {m: sorted(todo[m]) for m in MODES}
     points: list[dict[str, Any]] = []
@@ -172,7 +173,8 @@ def _sweep(todo: dict[str, list[float]], slo_ms: float, run: Callable[[float, tu
             elif grow is not None and not todo[mode] and extra[mode] < MAX_EXTRA_LOADS:
                 todo[mode].append(grow(value))  # the mode still complies: go on until it fails
                 extra[mode] += 1
-            report(value, mode, s)
+            progress(f"{label(value)} {mode:>8}: {_p99_text(s)} ({'ok' if complies(s, slo_ms) else 'over'}), "
+                     f"{detail(s)}, longest device step {longest_step(s)}")
     return points
 
 
@@ -189,13 +191,9 @@ def slo_throughput(config: RelayGRConfig, model: Any, latency: Any, spec: Worklo
         workload = workload_at(qps) if workload_at is not None else Workload.generate(replace(spec, qps=qps))
         return _pair(base_cfg, model, latency, workload, i % 2 == 1, time_limit_s, modes=modes)
 
-    def report(qps: float, mode: str, s: dict[str, Any]) -> None:
-        progress(f"slo-throughput {qps:g} QPS {mode:>8}: {_p99_text(s)} "
-                 f"({'ok' if complies(s, slo_ms) else 'over'}), hit rate {s['hit_rate']:.2f}, "
-                 f"longest device step {longest_step(s)}")
-
     todo = {"baseline": list(baseline_loads or loads), "relay": list(loads)}
-    points = _sweep(todo, slo_ms, run, lambda qps: round(qps * LOAD_GROWTH, 2), report, "qps")
+    points = _sweep(todo, slo_ms, run, lambda qps: round(qps * LOAD_GROWTH, 2), "qps", progress,
+                    label=lambda qps: f"slo-throughput {qps:g} QPS", detail=lambda s: f"hit rate {s['hit_rate']:.2f}")
     at_slo = judge(points, "qps", slo_ms)
     return {"slo_ms": slo_ms, "points": points, "compliant_qps": {m: at_slo[m] for m in MODES},
             "first_failing_qps": at_slo["first_failing"], "ratio": at_slo["ratio"],
@@ -222,13 +220,9 @@ def max_seq(config: RelayGRConfig, model: Any, latency: Any, spec: WorkloadSpec 
         base_cfg = replace(config, relay=replace(config.relay, max_online_len=length))
         return _pair(base_cfg, model, latency, workload, i % 2 == 1, time_limit_s, modes=modes)
 
-    def report(length: float, mode: str, s: dict[str, Any]) -> None:
-        progress(f"max-seq {int(length)} events {mode:>8}: {_p99_text(s)} "
-                 f"({'ok' if complies(s, slo_ms) else 'over'}), tiers {s['tiers']}, "
-                 f"longest device step {longest_step(s)}")
-
     todo = {"baseline": list(baseline_lengths or lengths), "relay": list(lengths)}
-    points = _sweep(todo, slo_ms, run, None, report, "length")
+    points = _sweep(todo, slo_ms, run, None, "length", progress,
+                    label=lambda n: f"max-seq {int(n)} events", detail=lambda s: f"tiers {s['tiers']}")
     at_slo = judge(points, "length", slo_ms)
     return {"slo_ms": slo_ms, "qps": qps, "points": points, "max_len": {m: at_slo[m] for m in MODES},
             "first_failing_len": at_slo["first_failing"], "ratio": at_slo["ratio"],
