@@ -17,7 +17,7 @@
 // rounded exactly like the reference (no fused multiply-add). Threads come from a small pool of our own whose
 // workers sleep between calls: OpenMP's spinning workers would steal the cores MindSpore's own kernels use.
 #include <dlfcn.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -219,6 +219,33 @@ inline __m512 silu16(__m512 x) {
 inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
 #endif
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define RELAYGR_AVX2 1
+// 8 lanes of SiLU(x), as silu16 but for AVX2: the 2^n step adds n to the exponent bits (as exp_clamped does), so z
+// is clamped to [-87, 87] on both sides; the division is a reciprocal estimate plus one Newton step (relative error
+// ~2e-7). The compiler's own vectorization of silu() keeps vdivps and the scalar table gather of bias_silu_span.
+inline __m256 silu8(__m256 x) {
+  __m256 z = _mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), x), _mm256_set1_ps(87.0f));
+  z = _mm256_max_ps(z, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(z, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), z);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+  const __m256 d = _mm256_add_ps(_mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e)), _mm256_set1_ps(1.0f));
+  __m256 inv = _mm256_rcp_ps(d);
+  inv = _mm256_mul_ps(inv, _mm256_fnmadd_ps(d, inv, _mm256_set1_ps(2.0f)));
+  return _mm256_mul_ps(x, inv);
+}
+#endif
+
 // o[j] = SiLU(s[j] + t[ix[j]]), or exactly 0 where ix[j] == mask (o may be s).
 void bias_silu_span(const float *s, const int32_t *__restrict ix, const float *__restrict t, float *o, int64_t n,
                     int32_t mask) {
@@ -239,6 +266,16 @@ void bias_silu_span(const float *s, const int32_t *__restrict ix, const float *_
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) step(j, 0xffff, true);
   if (j < n) step(j, first_lanes(n - j), false);
+#elif defined(RELAYGR_AVX2)
+  const __m256i vmask = _mm256_set1_epi32(mask);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256i k = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(ix + j));
+    const __m256 keep = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_cmpeq_epi32(k, vmask), _mm256_set1_epi32(-1)));
+    const __m256 y = silu8(_mm256_add_ps(_mm256_loadu_ps(s + j), _mm256_i32gather_ps(t, k, 4)));
+    _mm256_storeu_ps(o + j, _mm256_and_ps(keep, y));
+  }
+  for (; j < n; ++j) o[j] = ix[j] == mask ? 0.0f : silu(s[j] + t[ix[j]]);
 #else
   // Two passes over an L1-sized chunk: the table gather is scalar, the SiLU pass vectorizes.
   constexpr int64_t kChunk = 512;
@@ -273,6 +310,14 @@ void add_silu_span(const float *s, const float *__restrict bias, const float *__
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) step(j, 0xffff, true);
   if (j < n) step(j, first_lanes(n - j), false);
+#elif defined(RELAYGR_AVX2)
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 y = silu8(_mm256_add_ps(_mm256_loadu_ps(s + j), _mm256_loadu_ps(bias + j)));
+    if (keep != nullptr) y = _mm256_mul_ps(_mm256_loadu_ps(keep + j), y);
+    _mm256_storeu_ps(o + j, y);
+  }
+  for (; j < n; ++j) o[j] = (keep == nullptr ? 1.0f : keep[j]) * silu(s[j] + bias[j]);
 #else
   if (keep == nullptr) {
     for (int64_t j = 0; j < n; ++j) o[j] = silu(s[j] + bias[j]);
@@ -469,6 +514,18 @@ int BiasSilu(int nparam, void **params, int *ndims, int64_t **shapes, const char
     }
   });
   return 0;
+}
+
+// Width in bits of the SIMD path this library was built with for SiLU and the bias gather: 512 (AVX-512), 256
+// (AVX2 + FMA) or 0 (the compiler's own vectorization of the scalar code).
+int RelaygrVectorBits() {
+#if defined(__AVX512F__)
+  return 512;
+#elif defined(RELAYGR_AVX2)
+  return 256;
+#else
+  return 0;
+#endif
 }
 
 // Finds dnnl_sgemm in the oneDNN library at `path` (the one MindSpore ships); 1 on success.

@@ -40,18 +40,21 @@ def _cpu_signature() -> str:
     return platform.machine() + flags
 
 
-def build_library(cxx: str | None = None) -> Path:
-    """Compile the kernels (if not cached) and return the shared library path."""
+def build_library(cxx: str | None = None, extra_flags: tuple[str, ...] = ()) -> Path:
+    """Compile the kernels (if not cached) and return the shared library path.
+
+    `extra_flags` are appended to the compiler flags (tests use e.g. -mno-avx512f to build the AVX2 path)."""
     cxx = cxx or os.environ.get("CXX", "g++")
     if shutil.which(cxx) is None:
         raise RuntimeError(f"C++ compiler {cxx!r} not found")
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CXX_FLAGS).encode() + _cpu_signature().encode())
+    flags = [*CXX_FLAGS, *extra_flags]
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + _cpu_signature().encode())
     target = _cache_dir() / f"rab_attention_{digest.hexdigest()[:16]}.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [cxx, *CXX_FLAGS, str(SOURCE), "-o", str(tmp), "-ldl"]
+    cmd = [cxx, *flags, str(SOURCE), "-o", str(tmp), "-ldl"]
     logger.info("compiling fused kernels: %s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
