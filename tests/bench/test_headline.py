@@ -181,3 +181,28 @@ def test_max_seq_lengths_and_load_are_checked(flag, text, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "max-seq", flag, text])
     assert text in capsys.readouterr().err
+
+
+def test_max_seq_ranks_every_history_whole_even_with_a_truncating_config(monkeypatch, tmp_path, capsys):
+    """A truncated rank does not serve the length under test: `bench max-seq` runs relay.miss_policy=full."""
+    from mindspore_relaygr import cli
+    from mindspore_relaygr.bench import plots
+
+    seen = {}
+
+    def fake_max_seq(cfg, *args, **kwargs):
+        seen["policy"] = cfg.relay.miss_policy
+        return {"points": []}
+
+    monkeypatch.setattr(headline, "prepare", lambda cfg, say: (None, None))
+    monkeypatch.setattr(headline, "time_full_path",
+                        lambda *a, **k: {"median_ms": 10.0, "calls": 1, "p90_ms": 10.0, "max_ms": 10.0})
+    monkeypatch.setattr(headline, "max_seq", fake_max_seq)
+    monkeypatch.setattr(headline, "format_report", lambda report: "")
+    monkeypatch.setattr(plots, "plot_max_seq", lambda res, path: None)
+    out = tmp_path / "max_seq.json"
+    assert cli.main(["bench", "max-seq", "--config", str(CONFIGS / "tiny.yaml"), "-o", "relay.miss_policy=truncate",
+                     "--out", str(out)]) == 0
+    assert seen["policy"] == "full"
+    assert load_config(out.with_suffix(".config.yaml")).relay.miss_policy == "full"
+    assert "relay.miss_policy truncate -> full" in capsys.readouterr().out
