@@ -12,7 +12,6 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import requests
 from werkzeug.serving import make_server
 from werkzeug.wsgi import LimitedStream
 
@@ -44,6 +43,8 @@ class Stub(ThreadingHTTPServer):
         self.seen: list[dict] = []  # one per request: path, headers, body, client port
         self.answers: dict[str, tuple[int, dict, dict]] = {}  # path -> (status, body, extra headers)
         self.lock = threading.Lock()
+        self.hang_up = False  # close each connection after its answer, without saying so (a keep-alive timeout)
+        self.hung_up = threading.Semaphore(0)  # released once per connection closed that way
 
 
 class StubHandler(BaseHTTPRequestHandler):
@@ -63,6 +64,13 @@ class StubHandler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
         self.wfile.write(data)
+        if self.server.hang_up:
+            self.close_connection = True
+
+    def finish(self) -> None:
+        super().finish()
+        if self.server.hang_up:
+            self.server.hung_up.release()
 
     def log_message(self, *args) -> None:
         pass
@@ -142,18 +150,37 @@ def test_one_session_per_worker_thread(workload):
     assert len(ports) == 6 and len(set(ports)) == 2  # each thread kept its own connection alive
 
 
+def test_a_connection_the_server_closed_is_reopened_not_reused(workload):
+    with stub_server() as (stub, url):
+        stub.answers["/v1/rank"] = (200, {"cache": "miss", "truncated": False}, {headers.INSTANCE: "i0"})
+        stub.hang_up = True
+        target = HTTPTarget(url, workload)
+        for req in workload.requests[:3]:
+            assert target.rank(req) == ("miss", False, 200)
+            assert stub.hung_up.acquire(timeout=10)  # the server has closed this connection before the next rank
+        target.close()
+    ports = [s["port"] for s in stub.seen]
+    assert len(ports) == 3 and len(set(ports)) == 3  # a fresh connection each time, and no failed rank
+
+
+def test_a_base_url_that_is_not_plain_http_is_refused(workload):
+    for url in ("https://127.0.0.1:8080", "127.0.0.1:8080"):
+        with pytest.raises(ValueError, match="http://host:port"):
+            HTTPTarget(url, workload)
+
+
 def test_connection_error_raises_and_becomes_an_error_outcome(workload):
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there now
     target = HTTPTarget(f"http://127.0.0.1:{port}", workload, timeout_s=(1.0, 2.0))
-    with pytest.raises(requests.ConnectionError):
+    with pytest.raises(ConnectionRefusedError):
         target.rank(workload.requests[0])
     outcomes = run_open_loop(workload, target.preinfer, target.rank, max_workers=4)
     target.close()
     assert len(outcomes) == 2 * len(workload.requests)
-    assert all(o.status == 599 and not o.ok and "ConnectionError" in o.error for o in outcomes)
+    assert all(o.status == 599 and not o.ok and "ConnectionRefusedError" in o.error for o in outcomes)
     summary = summarize(outcomes, SPEC.qps)
     assert summary["errors"] == len(workload.requests) and summary["rejected_503"] == 0
 
