@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -405,6 +406,25 @@ using SgemmFn = int (*)(char, char, int64_t, int64_t, int64_t, float, const floa
                         int64_t, float, float *, int64_t);
 std::atomic<SgemmFn> g_sgemm{nullptr};
 
+// GEMM profile (off unless RelaygrGemmProfile(1)): calls, thread-nanoseconds inside dnnl_sgemm and their FLOPs,
+// summed over every tile GEMM of every kernel, so a benchmark can tell the GEMMs' own rate from the rest.
+std::atomic<bool> g_gemm_profile{false};
+std::atomic<int64_t> g_gemm_calls{0}, g_gemm_ns{0}, g_gemm_flops{0};
+
+int tile_gemm(SgemmFn sgemm, char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+              int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  if (!g_gemm_profile.load(std::memory_order_relaxed)) {
+    return sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  g_gemm_calls.fetch_add(1, std::memory_order_relaxed);
+  g_gemm_ns.fetch_add(ns, std::memory_order_relaxed);
+  g_gemm_flops.fetch_add(2 * m * n * k, std::memory_order_relaxed);
+  return status;
+}
+
 // Work items are handed out one at a time: causal tiles differ in cost, so a static split would idle a core.
 template <typename F>
 void parallel_items(int64_t items, F fn) {
@@ -527,6 +547,26 @@ int RelaygrVectorBits() {
   return 0;
 #endif
 }
+
+// Turns the GEMM profile on (1: its counters restart from zero) or off (0: they keep what they counted).
+void RelaygrGemmProfile(int on) {
+  g_gemm_profile.store(false);
+  if (on == 0) return;
+  g_gemm_calls.store(0);
+  g_gemm_ns.store(0);
+  g_gemm_flops.store(0);
+  g_gemm_profile.store(true);
+}
+
+// out[3] = (tile GEMM calls, thread-nanoseconds inside them, their FLOPs) since the profile was turned on.
+void RelaygrGemmCounters(int64_t *out) {
+  out[0] = g_gemm_calls.load();
+  out[1] = g_gemm_ns.load();
+  out[2] = g_gemm_flops.load();
+}
+
+// Threads the kernels use (RELAYGR_KERNEL_THREADS, else the hardware's).
+int64_t RelaygrKernelThreads() { return kernel_threads(); }
 
 // Finds dnnl_sgemm in the oneDNN library at `path` (the one MindSpore ships); 1 on success.
 int RelaygrInitGemm(const char *path) {
@@ -668,12 +708,12 @@ int PointwiseAttention(int nparam, void **params, int *ndims, int64_t **shapes, 
         kn = std::max(own > 0 ? visible_cols(own_ix + k0, keys, own, kn, mask) : 0,
                       own < qn ? visible_cols(shared_ix + k0, 0, 1, kn, mask) : 0);
         if (kn == 0) continue;
-        sgemm('N', 'T', qn, kn, dq, q_scale, qh, qv.row_stride, kh + k0 * seg.k.row_stride, seg.k.row_stride, 0.0f,
-              scores.data(), kn);
+        tile_gemm(sgemm, 'N', 'T', qn, kn, dq, q_scale, qh, qv.row_stride, kh + k0 * seg.k.row_stride,
+                  seg.k.row_stride, 0.0f, scores.data(), kn);
         if (own > 0) bias_silu_tile(scores.data(), kn, own_ix + k0, keys, th, own, kn, mask);
         if (own < qn) bias_silu_tile(scores.data() + own * kn, kn, shared_ix + k0, 0, th, qn - own, kn, mask);
-        sgemm('N', 'N', qn, dv, kn, inv_norm, scores.data(), kn, vh + k0 * seg.v.row_stride, seg.v.row_stride, 1.0f,
-              oh, out_ld);
+        tile_gemm(sgemm, 'N', 'N', qn, dv, kn, inv_norm, scores.data(), kn, vh + k0 * seg.v.row_stride,
+                  seg.v.row_stride, 1.0f, oh, out_ld);
       }
     }
   });
@@ -707,7 +747,7 @@ void project_tile(SgemmFn sgemm, const float *x, const float *w, const float *b,
   for (int64_t i = 0; i < count; ++i) {
     const int64_t lo = ranges[2 * i], hi = ranges[2 * i + 1];
     for (int64_t r = 0; r < rn; ++r) std::fill(yt + r * width + done, yt + r * width + lo, 0.0f);
-    sgemm('N', 'N', rn, hi - lo, d, 1.0f, x + r0 * d, d, w + lo, width, 0.0f, yt + lo, width);
+    tile_gemm(sgemm, 'N', 'N', rn, hi - lo, d, 1.0f, x + r0 * d, d, w + lo, width, 0.0f, yt + lo, width);
     for (int64_t r = 0; r < rn; ++r) add_silu_span(yt + r * width + lo, b + lo, nullptr, yt + r * width + lo, hi - lo);
     done = hi;
   }
@@ -812,7 +852,7 @@ int FinishRows(int nparam, void **params, int *ndims, int64_t **shapes, const ch
       for (int64_t j = 0; j < e; ++j) z[j] = ((a[j] - mean) * inv_std * gamma[j] + beta[j]) * g[j];
     }
     float *ot = out + r0 * d;
-    sgemm('N', 'T', rn, d, e, 1.0f, gated.data(), e, w2, e, 0.0f, ot, d);
+    tile_gemm(sgemm, 'N', 'T', rn, d, e, 1.0f, gated.data(), e, w2, e, 0.0f, ot, d);
     for (int64_t r = 0; r < rn; ++r) {
       const float *__restrict xr = x + (r0 + r) * d;
       float *__restrict o = ot + r * d;

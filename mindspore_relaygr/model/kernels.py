@@ -82,6 +82,42 @@ def init_gemm(library: Path) -> bool:
 
 
 @dataclass(frozen=True)
+class GemmCounters:
+    """What the kernels' tile GEMMs (oneDNN's dnnl_sgemm) did while the GEMM profile was on."""
+
+    calls: int
+    thread_s: float  # summed over the kernel threads: seconds inside dnnl_sgemm
+    flops: float
+    threads: int  # threads the kernels run on
+
+    @property
+    def gflops(self) -> float:
+        """The tile GEMMs' own rate on all kernel threads: FLOPs per second inside them, times the threads."""
+        return self.flops / self.thread_s * self.threads / 1e9 if self.thread_s > 0 else float("nan")
+
+
+class GemmProfile:
+    """Counts the fused kernels' tile GEMMs (calls, time inside, FLOPs) between `start()` and `read()`.
+
+    It is the library the ops.Custom kernels load (ctypes and ops.Custom dlopen one path, so they share its
+    counters); timing each GEMM costs two clock reads, so keep it off while measuring latency."""
+
+    def __init__(self, library: Path | None = None) -> None:
+        self._lib = ctypes.CDLL(str(library or build_library()))
+        self._lib.RelaygrKernelThreads.restype = ctypes.c_int64
+
+    def start(self) -> None:
+        self._lib.RelaygrGemmProfile(1)
+
+    def read(self) -> GemmCounters:
+        """The counters since `start()`; the profile is turned off."""
+        out = (ctypes.c_int64 * 3)()
+        self._lib.RelaygrGemmCounters(out)
+        self._lib.RelaygrGemmProfile(0)
+        return GemmCounters(int(out[0]), out[1] / 1e9, float(out[2]), int(self._lib.RelaygrKernelThreads()))
+
+
+@dataclass(frozen=True)
 class FusedOps:
     """The fused primitives; see rab_attention.cc for their contracts."""
 
