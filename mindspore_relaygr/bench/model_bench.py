@@ -206,7 +206,7 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{r['memory_mb']:>4.0f}/{pre['memory_mb']:>4.0f}/{cac['memory_mb']:>4.0f}")
     profiled = [r for r in res if r.get("gemm_gflops") is not None]
     if profiled:
-        lines += ["", "GEMM profile (tile GEMMs inside the fused kernels; near = share of the matmul rate near the path):",
+        lines += ["", "GEMM profile (the fused kernels' tile GEMMs; near = share of the matmul rate near the path):",
                   f"{'path':>8} {'P':>5} {'M':>4} | {'path GF/s':>9} {'near':>4} | {'GEMM GF/s':>9} {'near':>4} | "
                   f"{'time in GEMMs':>13} | {'FLOPs in GEMMs':>14}"]
         for r in profiled:
