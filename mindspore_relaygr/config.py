@@ -190,8 +190,8 @@ class RelayConfig:
     miss_policy: str = "full"
     max_online_len: int = 512  # the production length cap of the baseline
     inflight_wait_ms: float = 100.0  # a rank waits at least this long for its key's in-flight prefill;
-    # when the prefill's remaining chunks are predicted to beat a miss, it is boosted and waited for
-    # up to (predicted remaining + predicted miss)
+    # when the prefill's remaining chunks are predicted to beat a miss (at once, or once this wait is
+    # over), it is boosted and waited for up to (predicted remaining + predicted miss)
     warmup: bool = True  # compile every bucket at start-up (false: on first use, e.g. in tests)
     # Admission control of ranks (serving): admit a rank only while the unfinished ranks ahead of it and
     # itself are predicted to drain within admission_fraction * trigger.slo_ms; others get 503 at once.

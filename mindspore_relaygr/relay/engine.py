@@ -342,28 +342,46 @@ class RelayEngine:
 
         If its predicted remaining steps cost less than the miss path, it is boosted to rank priority
         and waited for up to max(relay.inflight_wait_ms, remaining + miss): a stalled relay costs at
-        most one miss's worth of extra waiting. Otherwise it is waited for up to relay.inflight_wait_ms
-        only (recomputing is predicted to be faster)."""
+        most one miss's worth of extra waiting. Otherwise it is waited for up to relay.inflight_wait_ms,
+        and then judged again on the steps it has left: a prefill that has progressed far enough to beat
+        the miss by now is boosted and waited for as above (abandoning it would spend a whole miss of
+        device time while the prefill still has to finish for the user's later visits)."""
         relay = next((r for r in self.ledger.of_user(user_id)
                       if r.state in PENDING and self.cache.matches(r.key, hist)), None)
         if relay is None:
             return 0.0, False
-        patience = self.config.relay.inflight_wait_ms
-        remaining, miss_ms = relay.remaining_ms(), self._predicted_miss_ms(hist, cands)
-        if remaining <= miss_ms:
-            self.executor.boost(relay.future)
-            with self._lock:
-                self.work.inflight_boosts += 1
-            patience = max(patience, remaining + miss_ms)
         t0 = time.perf_counter()
-        try:
-            relay.future.result(timeout=patience / 1e3)
-        except FutureTimeout:
+        miss_ms = self._predicted_miss_ms(hist, cands)
+        boosted = relay.remaining_ms() <= miss_ms
+        if boosted:
+            self._boost(relay)
+            done = self._await(relay, max(self.config.relay.inflight_wait_ms, relay.remaining_ms() + miss_ms))
+        else:
+            done = self._await(relay, self.config.relay.inflight_wait_ms)
+            if not done and relay.remaining_ms() <= miss_ms:
+                self._boost(relay)
+                done = self._await(relay, relay.remaining_ms() + miss_ms)
+        if not done:
             with self._lock:
                 self.work.inflight_wait_timeouts += 1
+        return (time.perf_counter() - t0) * 1e3, True
+
+    def _boost(self, relay: Relay) -> None:
+        self.executor.boost(relay.future)
+        with self._lock:
+            self.work.inflight_boosts += 1
+
+    @staticmethod
+    def _await(relay: Relay, patience_ms: float) -> bool:
+        """Wait up to `patience_ms` for the relay; True once it has finished (failed included: the rank
+        then goes on without it), False on timeout."""
+        try:
+            relay.future.result(timeout=patience_ms / 1e3)
+        except FutureTimeout:
+            return False
         except Exception:  # noqa: BLE001 - the relay failed: rank without it
             pass
-        return (time.perf_counter() - t0) * 1e3, True
+        return True
 
     def _rank_on_device(self, user_id: str, hist: History, cands: np.ndarray, waited: bool, arrived: float):
         """Device thread: cache tiers first, then the miss policy. Returns (scores, tier, events ranked on)."""

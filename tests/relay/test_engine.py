@@ -146,6 +146,44 @@ def test_a_prefill_predicted_slower_than_a_miss_is_waited_for_only_inflight_wait
     np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
 
 
+def test_a_prefill_that_progressed_while_the_rank_waited_is_boosted_then_not_abandoned(model):
+    # 121 tokens in 4 chunks predicted at 60 ms each: 240 ms left beats no 200 ms miss at first, so the rank
+    # waits inflight_wait_ms only; by then 2 chunks are done and the 120 ms left do beat the miss.
+    profile = LatencyModel([LatencyPoint("full", 128, 32, 0, 200.0), LatencyPoint("relay", 128, 16, 32, 5.0),
+                            *(LatencyPoint("prefill", n, 0, 0, 60.0 * n / 32) for n in (32, 64, 96, 128))])
+    eng = RelayEngine(load_config(CONFIGS / "tiny.yaml", [*BASE, "relay.inflight_wait_ms=1500"]), model, profile)
+    chunk_gate, calls = threading.Event(), []
+    original = model.prefill
+
+    def prefill(*a, **k):
+        calls.append(a[0])
+        if len(calls) == 3:  # the third chunk holds the device until the rank has been judged again
+            chunk_gate.wait(30)
+        return original(*a, **k)
+
+    model.prefill = prefill
+    try:
+        h, cands = hist(24, 120), np.arange(1, 11)
+        assert eng.preinfer("d", h).admitted
+        with ThreadPoolExecutor(1) as pool:
+            ranked = pool.submit(eng.rank, "d", h, cands)
+            deadline = time.perf_counter() + 10
+            while not eng.stats().work.inflight_boosts and time.perf_counter() < deadline:
+                time.sleep(0.01)
+            chunk_gate.set()
+            res = ranked.result(60)
+        eng.wait_prefills(60)
+        work = eng.stats().work
+        assert work.inflight_boosts == 1 and work.inflight_wait_timeouts == 0
+        assert res.cache == "inflight" and res.timings_ms["wait"] >= 1500  # the first wait ran out, not the second
+        assert work.prefills == 1 and len(calls) == 4
+        np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
+    finally:
+        chunk_gate.set()
+        model.prefill = original
+        eng.close()
+
+
 def test_rank_without_preinfer_falls_back_to_full_inference(make_engine, model):
     eng = make_engine()
     h, cands = hist(3), np.arange(30, 40)
