@@ -91,7 +91,7 @@ class PathResult:
     # From `PROFILE_CALLS` more calls under the GEMM profile (None without the fused kernels on oneDNN):
     gemm_gflops: float | None = None  # the tile GEMMs' own rate on all kernel threads
     gemm_time_share: float | None = None  # of the kernel threads' time over those calls, the part inside GEMMs
-    gemm_flops_share: float | None = None  # of the model FLOPs, the part done by the tile GEMMs
+    gemm_flops_share: float | None = None  # tile GEMM FLOPs / model FLOPs (over 1: padded or masked tile work)
 
 
 PROFILE_CALLS = 5
