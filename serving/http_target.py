@@ -12,9 +12,9 @@ cores the server shares. A kept-alive connection the server has closed is notice
 (its socket reads as ready) and reopened, as urllib3 does. A pre-infer maps to (trigger reason,
 False, status), a rank to (cache tier, truncated, status); a non-2xx answer keeps its status (a 503
 is a rejection, anything else an error) and a connection error or timeout raises (`OSError` or
-`http.client.HTTPException`), which the load
-generator records as an error outcome. The instance that answered (X-RelayGR-Instance) is counted
-per call and per request, so a run can report how often a user's rank met its pre-infer.
+`http.client.HTTPException`), which the load generator records as an error outcome. The instance
+that answered (X-RelayGR-Instance) is counted per call and per request, so a run can report how
+often a user's rank met its pre-infer.
 """
 
 from __future__ import annotations
