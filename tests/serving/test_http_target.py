@@ -46,6 +46,11 @@ class Stub(ThreadingHTTPServer):
         self.hang_up = False  # close each connection after its answer, without saying so (a keep-alive timeout)
         self.hung_up = threading.Semaphore(0)  # released once per connection closed that way
 
+    def shutdown_request(self, request) -> None:
+        super().shutdown_request(request)  # the socket is closed here, after the handler has returned
+        if self.hang_up:
+            self.hung_up.release()
+
 
 class StubHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, so connections show which session sent what
@@ -66,11 +71,6 @@ class StubHandler(BaseHTTPRequestHandler):
         self.wfile.write(data)
         if self.server.hang_up:
             self.close_connection = True
-
-    def finish(self) -> None:
-        super().finish()
-        if self.server.hang_up:
-            self.server.hung_up.release()
 
     def log_message(self, *args) -> None:
         pass
