@@ -9,11 +9,13 @@ Each path's share is given against the faster of those two ("near": the machine 
 path ran; its rate drifts by up to ~25% within a run on shared VMs) and against the fastest
 measurement of the whole run (the strictest reading).
 
-With the fused kernels on oneDNN, a few more calls of each path run under the kernels' GEMM profile
-(`GemmProfile`): the tile GEMMs' own GFLOP/s (the rate the path would reach if nothing but its GEMMs
-took time), the share of the kernel threads' time spent inside them, and their share of the model
-FLOPs. That tells a path held back by its GEMM shapes (small tiles, K = d_qk) from one held back by
-everything around them.
+With the fused kernels on oneDNN, a few more calls of each path run under the kernel profile
+(`KernelProfile`): the tile GEMMs' own GFLOP/s (the rate the path would reach if nothing but its GEMMs
+took time) and their share of the model FLOPs, and how the threads' time over those calls splits into
+the GEMMs, the fused elementwise work around them (bias + SiLU, layer norm), the rest of the kernels'
+loops (bias index, masks) and everything outside the kernels (MindSpore's own ops, the framework, idle
+threads). That tells a path held back by its GEMM shapes (small tiles, K = d_qk) from one held back by
+everything around them, and which part of the rest.
 """
 
 from __future__ import annotations
@@ -88,10 +90,13 @@ class PathResult:
     memory_mb: float  # RSS growth at the first call of this graph shape (its compiled memory)
     gflops: float  # model FLOPs / median time
     matmul_gflops_near: float  # the faster of the matmul measurements right before and right after this path
-    # From `PROFILE_CALLS` more calls under the GEMM profile (None without the fused kernels on oneDNN):
+    # From `PROFILE_CALLS` more calls under the kernel profile (None without the fused kernels on oneDNN):
     gemm_gflops: float | None = None  # the tile GEMMs' own rate on all kernel threads
-    gemm_time_share: float | None = None  # of the kernel threads' time over those calls, the part inside GEMMs
     gemm_flops_share: float | None = None  # tile GEMM FLOPs / model FLOPs (over 1: padded or masked tile work)
+    # Of the kernel threads' time over those calls (wall time x threads), the part ...
+    gemm_time_share: float | None = None  # inside the tile GEMMs
+    elementwise_time_share: float | None = None  # in the fused elementwise work (bias + SiLU, layer norm, ...)
+    kernel_time_share: float | None = None  # anywhere in the kernels' parallel loops (includes both above)
 
 
 PROFILE_CALLS = 5
@@ -110,16 +115,18 @@ def _time(fn, repeats: int) -> tuple[float, float, float, float]:
     return first, grown, float(np.median(times)), float(np.percentile(times, 99))
 
 
-def _gemm_profile(fn, flops: float, profile) -> dict[str, float]:
-    """Run `fn` PROFILE_CALLS times under the kernels' GEMM profile; the PathResult gemm_* fields."""
+def _kernel_profile(fn, flops: float, profile) -> dict[str, float]:
+    """Run `fn` PROFILE_CALLS times under the kernel profile; the PathResult profile fields."""
     profile.start()
     t0 = time.perf_counter()
     for _ in range(PROFILE_CALLS):
         fn()
     wall_s = time.perf_counter() - t0
-    counts = profile.read()
-    return {"gemm_gflops": counts.gflops, "gemm_time_share": counts.thread_s / (wall_s * counts.threads),
-            "gemm_flops_share": counts.flops / (flops * PROFILE_CALLS)}
+    c = profile.read()
+    thread_s = wall_s * c.threads
+    return {"gemm_gflops": c.gemm_gflops, "gemm_flops_share": c.gemm_flops / (flops * PROFILE_CALLS),
+            "gemm_time_share": c.gemm_s / thread_s, "elementwise_time_share": c.elementwise_s / thread_s,
+            "kernel_time_share": c.kernel_s / thread_s}
 
 
 def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: list[int], suffix_len: int,
@@ -131,10 +138,10 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
     cfg = config.model
     profile = None
     if model.fused:
-        from mindspore_relaygr.model.kernels import GemmProfile, load_fused_ops
+        from mindspore_relaygr.model.kernels import KernelProfile, load_fused_ops
 
         ops = load_fused_ops()
-        profile = GemmProfile() if ops is not None and ops.attention is not None else None
+        profile = KernelProfile() if ops is not None and ops.attention is not None else None
     user = 1 if cfg.user_feature_sizes else 0
     probes = [measure_matmul_gflops()]
     progress(f"matmul 2048^2 fp32: {probes[0]:.1f} GFLOP/s; fused kernels: {model.fused}")
@@ -144,7 +151,7 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
     def timed(path: str, p: int, m: int, suffix: int, fn, flops: float) -> PathResult:
         first, mem, med, p99 = _time(fn, repeats)
         probes.append(measure_matmul_gflops())
-        gemm = _gemm_profile(fn, flops, profile) if profile is not None else {}
+        gemm = _kernel_profile(fn, flops, profile) if profile is not None else {}
         row = PathResult(path, p, m, suffix, med, p99, first, mem, flops / med / 1e6, max(probes[-2], probes[-1]),
                          **gemm)
         rows.append(row)
@@ -206,14 +213,18 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{r['memory_mb']:>4.0f}/{pre['memory_mb']:>4.0f}/{cac['memory_mb']:>4.0f}")
     profiled = [r for r in res if r.get("gemm_gflops") is not None]
     if profiled:
-        lines += ["", "GEMM profile (the fused kernels' tile GEMMs; near = share of the matmul rate near the path):",
+        lines += ["", "Kernel profile (near = share of the matmul rate near the path; time = the threads' time over "
+                  "the profiled calls: in the tile GEMMs, the fused elementwise work, the rest of the kernels' loops, "
+                  "outside the kernels):",
                   f"{'path':>8} {'P':>5} {'M':>4} | {'path GF/s':>9} {'near':>4} | {'GEMM GF/s':>9} {'near':>4} | "
-                  f"{'time in GEMMs':>13} | {'FLOPs in GEMMs':>14}"]
+                  f"{'FLOPs in GEMMs':>14} | {'GEMMs':>5} {'elementwise':>11} {'rest':>4} {'outside':>7}"]
         for r in profiled:
             near = r["matmul_gflops_near"]
+            rest = r["kernel_time_share"] - r["gemm_time_share"] - r["elementwise_time_share"]
             lines.append(f"{r['path']:>8} {r['prefix_len']:>5} {r['candidates']:>4} | {r['gflops']:>9.0f} "
                          f"{r['gflops'] / near:>4.0%} | {r['gemm_gflops']:>9.0f} {r['gemm_gflops'] / near:>4.0%} | "
-                         f"{r['gemm_time_share']:>13.0%} | {r['gemm_flops_share']:>14.0%}")
+                         f"{r['gemm_flops_share']:>14.0%} | {r['gemm_time_share']:>5.0%} "
+                         f"{r['elementwise_time_share']:>11.0%} {rest:>4.0%} {1 - r['kernel_time_share']:>7.0%}")
     return "\n".join(lines)
 
 

@@ -30,6 +30,7 @@
 #include <cstring>
 #include <condition_variable>
 #include <functional>
+#include <initializer_list>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -127,6 +128,33 @@ class WorkerPool {
   int64_t generation_ = 0, wanted_ = 0, pending_ = 0;
 };
 
+// Kernel profile (off unless RelaygrProfile(1)): where the kernels' threads spend their time, summed over every
+// thread of every kernel call, so a benchmark can split a graph's time into the tile GEMMs (their calls, FLOPs and
+// time inside dnnl_sgemm), the fused elementwise work around them (bias + SiLU, layer norm, gating, residual),
+// the rest of the kernels' parallel loops (bias index, masks, tile set-up) and everything outside the kernels.
+std::atomic<bool> g_profile{false};
+std::atomic<int64_t> g_gemm_calls{0}, g_gemm_ns{0}, g_gemm_flops{0}, g_elementwise_ns{0}, g_kernel_ns{0};
+
+// Adds the thread-nanoseconds of its lifetime to `counter` while the profile is on (two clock reads; nothing off).
+class ProfileScope {
+ public:
+  explicit ProfileScope(std::atomic<int64_t> &counter) : counter_(counter), on_(g_profile.load(std::memory_order_relaxed)) {
+    if (on_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~ProfileScope() {
+    if (!on_) return;
+    const auto dt = std::chrono::steady_clock::now() - t0_;
+    counter_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count(), std::memory_order_relaxed);
+  }
+  ProfileScope(const ProfileScope &) = delete;
+  ProfileScope &operator=(const ProfileScope &) = delete;
+
+ private:
+  std::atomic<int64_t> &counter_;
+  const bool on_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 template <typename F>
 void parallel_rows(int64_t rows, int64_t work_per_row, F fn) {
   int64_t threads = kernel_threads();
@@ -134,11 +162,13 @@ void parallel_rows(int64_t rows, int64_t work_per_row, F fn) {
   if (threads > rows) threads = rows;
   if (threads > 1 && rows * work_per_row < min_work * threads) threads = std::max<int64_t>(1, rows * work_per_row / min_work);
   if (threads <= 1) {
+    ProfileScope scope(g_kernel_ns);
     fn(0, rows);
     return;
   }
   const int64_t step = (rows + threads - 1) / threads;
   WorkerPool::get().run(threads, [&](int64_t t) {
+    ProfileScope scope(g_kernel_ns);
     const int64_t lo = t * step, hi = std::min(rows, lo + step);
     if (lo < hi) fn(lo, hi);
   });
@@ -406,23 +436,15 @@ using SgemmFn = int (*)(char, char, int64_t, int64_t, int64_t, float, const floa
                         int64_t, float, float *, int64_t);
 std::atomic<SgemmFn> g_sgemm{nullptr};
 
-// GEMM profile (off unless RelaygrGemmProfile(1)): calls, thread-nanoseconds inside dnnl_sgemm and their FLOPs,
-// summed over every tile GEMM of every kernel, so a benchmark can tell the GEMMs' own rate from the rest.
-std::atomic<bool> g_gemm_profile{false};
-std::atomic<int64_t> g_gemm_calls{0}, g_gemm_ns{0}, g_gemm_flops{0};
-
 int tile_gemm(SgemmFn sgemm, char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
               int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-  if (!g_gemm_profile.load(std::memory_order_relaxed)) {
+  if (!g_profile.load(std::memory_order_relaxed)) {
     return sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  const int status = sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  ProfileScope scope(g_gemm_ns);
   g_gemm_calls.fetch_add(1, std::memory_order_relaxed);
-  g_gemm_ns.fetch_add(ns, std::memory_order_relaxed);
   g_gemm_flops.fetch_add(2 * m * n * k, std::memory_order_relaxed);
-  return status;
+  return sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // Work items are handed out one at a time: causal tiles differ in cost, so a static split would idle a core.
@@ -431,6 +453,7 @@ void parallel_items(int64_t items, F fn) {
   const int64_t threads = std::min(kernel_threads(), std::max<int64_t>(items, 1));
   std::atomic<int64_t> next{0};
   auto worker = [&](int64_t) {
+    ProfileScope scope(g_kernel_ns);
     for (int64_t i = next.fetch_add(1); i < items; i = next.fetch_add(1)) fn(i);
   };
   if (threads <= 1) {
@@ -521,6 +544,7 @@ int BiasSilu(int nparam, void **params, int *ndims, int64_t **shapes, const char
       for (int64_t j = 0; j < cols; ++j) bias[h * cols + j] = table[h * table_cols + idx[j]];
     }
     parallel_rows(heads * rows, cols, [&](int64_t r0, int64_t r1) {
+      ProfileScope scope(g_elementwise_ns);
       for (int64_t hr = r0; hr < r1; ++hr) {
         add_silu_span(scores + hr * cols, bias.data() + (hr / rows) * cols, keep.data(), out + hr * cols, cols);
       }
@@ -528,6 +552,7 @@ int BiasSilu(int nparam, void **params, int *ndims, int64_t **shapes, const char
     return 0;
   }
   parallel_rows(heads * rows, cols, [&](int64_t r0, int64_t r1) {
+    ProfileScope scope(g_elementwise_ns);
     for (int64_t hr = r0; hr < r1; ++hr) {
       const int64_t h = hr / rows, r = hr % rows;
       bias_silu_span(scores + hr * cols, idx + r * cols, table + h * table_cols, out + hr * cols, cols, mask);
@@ -548,21 +573,23 @@ int RelaygrVectorBits() {
 #endif
 }
 
-// Turns the GEMM profile on (1: its counters restart from zero) or off (0: they keep what they counted).
-void RelaygrGemmProfile(int on) {
-  g_gemm_profile.store(false);
+// Turns the kernel profile on (1: its counters restart from zero) or off (0: they keep what they counted).
+void RelaygrProfile(int on) {
+  g_profile.store(false);
   if (on == 0) return;
-  g_gemm_calls.store(0);
-  g_gemm_ns.store(0);
-  g_gemm_flops.store(0);
-  g_gemm_profile.store(true);
+  for (auto *counter : {&g_gemm_calls, &g_gemm_ns, &g_gemm_flops, &g_elementwise_ns, &g_kernel_ns}) counter->store(0);
+  g_profile.store(true);
 }
 
-// out[3] = (tile GEMM calls, thread-nanoseconds inside them, their FLOPs) since the profile was turned on.
-void RelaygrGemmCounters(int64_t *out) {
+// out[5] = (tile GEMM calls, thread-nanoseconds inside them, their FLOPs, thread-nanoseconds in the fused
+// elementwise work, thread-nanoseconds in the kernels' parallel loops, which include both) since the profile was
+// turned on.
+void RelaygrProfileCounters(int64_t *out) {
   out[0] = g_gemm_calls.load();
   out[1] = g_gemm_ns.load();
   out[2] = g_gemm_flops.load();
+  out[3] = g_elementwise_ns.load();
+  out[4] = g_kernel_ns.load();
 }
 
 // Threads the kernels use (RELAYGR_KERNEL_THREADS, else the hardware's).
@@ -710,8 +737,11 @@ int PointwiseAttention(int nparam, void **params, int *ndims, int64_t **shapes, 
         if (kn == 0) continue;
         tile_gemm(sgemm, 'N', 'T', qn, kn, dq, q_scale, qh, qv.row_stride, kh + k0 * seg.k.row_stride,
                   seg.k.row_stride, 0.0f, scores.data(), kn);
-        if (own > 0) bias_silu_tile(scores.data(), kn, own_ix + k0, keys, th, own, kn, mask);
-        if (own < qn) bias_silu_tile(scores.data() + own * kn, kn, shared_ix + k0, 0, th, qn - own, kn, mask);
+        {
+          ProfileScope scope(g_elementwise_ns);
+          if (own > 0) bias_silu_tile(scores.data(), kn, own_ix + k0, keys, th, own, kn, mask);
+          if (own < qn) bias_silu_tile(scores.data() + own * kn, kn, shared_ix + k0, 0, th, qn - own, kn, mask);
+        }
         tile_gemm(sgemm, 'N', 'N', qn, dv, kn, inv_norm, scores.data(), kn, vh + k0 * seg.v.row_stride,
                   seg.v.row_stride, 1.0f, oh, out_ld);
       }
@@ -748,6 +778,7 @@ void project_tile(SgemmFn sgemm, const float *x, const float *w, const float *b,
     const int64_t lo = ranges[2 * i], hi = ranges[2 * i + 1];
     for (int64_t r = 0; r < rn; ++r) std::fill(yt + r * width + done, yt + r * width + lo, 0.0f);
     tile_gemm(sgemm, 'N', 'N', rn, hi - lo, d, 1.0f, x + r0 * d, d, w + lo, width, 0.0f, yt + lo, width);
+    ProfileScope scope(g_elementwise_ns);
     for (int64_t r = 0; r < rn; ++r) add_silu_span(yt + r * width + lo, b + lo, nullptr, yt + r * width + lo, hi - lo);
     done = hi;
   }
@@ -840,19 +871,23 @@ int FinishRows(int nparam, void **params, int *ndims, int64_t **shapes, const ch
     if (rn <= 0) return;
     thread_local std::vector<float> gated;
     gated.resize(rn * e);
-    for (int64_t r = 0; r < rn; ++r) {
-      const float *a = av + (r0 + r) * e;
-      const float *g = u + (r0 + r) * e;
-      double sum = 0.0, sq = 0.0;
-      for (int64_t j = 0; j < e; ++j) sum += a[j];
-      const float mean = static_cast<float>(sum / e);
-      for (int64_t j = 0; j < e; ++j) sq += static_cast<double>(a[j] - mean) * (a[j] - mean);
-      const float inv_std = 1.0f / std::sqrt(static_cast<float>(sq / e) + eps);
-      float *__restrict z = gated.data() + r * e;
-      for (int64_t j = 0; j < e; ++j) z[j] = ((a[j] - mean) * inv_std * gamma[j] + beta[j]) * g[j];
+    {
+      ProfileScope scope(g_elementwise_ns);
+      for (int64_t r = 0; r < rn; ++r) {
+        const float *a = av + (r0 + r) * e;
+        const float *g = u + (r0 + r) * e;
+        double sum = 0.0, sq = 0.0;
+        for (int64_t j = 0; j < e; ++j) sum += a[j];
+        const float mean = static_cast<float>(sum / e);
+        for (int64_t j = 0; j < e; ++j) sq += static_cast<double>(a[j] - mean) * (a[j] - mean);
+        const float inv_std = 1.0f / std::sqrt(static_cast<float>(sq / e) + eps);
+        float *__restrict z = gated.data() + r * e;
+        for (int64_t j = 0; j < e; ++j) z[j] = ((a[j] - mean) * inv_std * gamma[j] + beta[j]) * g[j];
+      }
     }
     float *ot = out + r0 * d;
     tile_gemm(sgemm, 'N', 'T', rn, d, e, 1.0f, gated.data(), e, w2, e, 0.0f, ot, d);
+    ProfileScope scope(g_elementwise_ns);
     for (int64_t r = 0; r < rn; ++r) {
       const float *__restrict xr = x + (r0 + r) * d;
       float *__restrict o = ot + r * d;

@@ -82,39 +82,44 @@ def init_gemm(library: Path) -> bool:
 
 
 @dataclass(frozen=True)
-class GemmCounters:
-    """What the kernels' tile GEMMs (oneDNN's dnnl_sgemm) did while the GEMM profile was on."""
+class KernelCounters:
+    """Where the fused kernels' threads spent their time while the kernel profile was on (thread-seconds,
+    summed over the kernel threads)."""
 
-    calls: int
-    thread_s: float  # summed over the kernel threads: seconds inside dnnl_sgemm
-    flops: float
+    gemm_calls: int  # tile GEMMs handed to oneDNN's dnnl_sgemm
+    gemm_s: float  # inside them
+    gemm_flops: float
+    elementwise_s: float  # in the fused elementwise work around them: bias + SiLU, layer norm, gating, residual
+    kernel_s: float  # anywhere in the kernels' parallel loops (includes gemm_s and elementwise_s)
     threads: int  # threads the kernels run on
 
     @property
-    def gflops(self) -> float:
+    def gemm_gflops(self) -> float:
         """The tile GEMMs' own rate on all kernel threads: FLOPs per second inside them, times the threads."""
-        return self.flops / self.thread_s * self.threads / 1e9 if self.thread_s > 0 else float("nan")
+        return self.gemm_flops / self.gemm_s * self.threads / 1e9 if self.gemm_s > 0 else float("nan")
 
 
-class GemmProfile:
-    """Counts the fused kernels' tile GEMMs (calls, time inside, FLOPs) between `start()` and `read()`.
+class KernelProfile:
+    """Counts where the fused kernels spend their threads' time (tile GEMMs with their FLOPs, the elementwise
+    work, the rest of their loops) between `start()` and `read()`.
 
     It is the library the ops.Custom kernels load (ctypes and ops.Custom dlopen one path, so they share its
-    counters); timing each GEMM costs two clock reads, so keep it off while measuring latency."""
+    counters); each timed section costs two clock reads, so keep it off while measuring latency."""
 
     def __init__(self, library: Path | None = None) -> None:
         self._lib = ctypes.CDLL(str(library or build_library()))
         self._lib.RelaygrKernelThreads.restype = ctypes.c_int64
 
     def start(self) -> None:
-        self._lib.RelaygrGemmProfile(1)
+        self._lib.RelaygrProfile(1)
 
-    def read(self) -> GemmCounters:
+    def read(self) -> KernelCounters:
         """The counters since `start()`; the profile is turned off."""
-        out = (ctypes.c_int64 * 3)()
-        self._lib.RelaygrGemmCounters(out)
-        self._lib.RelaygrGemmProfile(0)
-        return GemmCounters(int(out[0]), out[1] / 1e9, float(out[2]), int(self._lib.RelaygrKernelThreads()))
+        out = (ctypes.c_int64 * 5)()
+        self._lib.RelaygrProfileCounters(out)
+        self._lib.RelaygrProfile(0)
+        return KernelCounters(int(out[0]), out[1] / 1e9, float(out[2]), out[3] / 1e9, out[4] / 1e9,
+                              int(self._lib.RelaygrKernelThreads()))
 
 
 @dataclass(frozen=True)

@@ -50,11 +50,13 @@ def test_bench_model(tmp_path, capsys):
         assert row["matmul_gflops_near"] == max(probes[i], probes[i + 1])
         assert row["near_share"] == pytest.approx(row["gflops"] / row["matmul_gflops_near"])
         assert row["near_share"] >= row["matmul_share"]
-    assert report["fused_kernels"]  # CPU with the kernels built: each path also ran under the GEMM profile
+    assert report["fused_kernels"]  # CPU with the kernels built: each path also ran under the kernel profile
     for row in report["results"]:
-        assert row["gemm_gflops"] > 0 and row["gemm_time_share"] > 0 and row["gemm_flops_share"] > 0
+        assert row["gemm_gflops"] > 0 and row["gemm_flops_share"] > 0
+        assert row["gemm_time_share"] > 0 and row["elementwise_time_share"] > 0
+        assert row["gemm_time_share"] + row["elementwise_time_share"] <= row["kernel_time_share"]
     printed = capsys.readouterr().out
-    assert "full/cached" in printed and "GEMM profile" in printed
+    assert "full/cached" in printed and "Kernel profile" in printed
     assert (tmp_path / "model.config.yaml").is_file()
     assert (tmp_path / "model.png").stat().st_size > 10_000  # latency and share plot
 
