@@ -151,9 +151,9 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
     def timed(path: str, p: int, m: int, suffix: int, fn, flops: float) -> PathResult:
         first, mem, med, p99 = _time(fn, repeats)
         probes.append(measure_matmul_gflops())
-        gemm = _kernel_profile(fn, flops, profile) if profile is not None else {}
+        kernel_split = _kernel_profile(fn, flops, profile) if profile is not None else {}
         row = PathResult(path, p, m, suffix, med, p99, first, mem, flops / med / 1e6, max(probes[-2], probes[-1]),
-                         **gemm)
+                         **kernel_split)
         rows.append(row)
         return row
 

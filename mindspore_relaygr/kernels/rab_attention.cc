@@ -138,9 +138,11 @@ std::atomic<int64_t> g_gemm_calls{0}, g_gemm_ns{0}, g_gemm_flops{0}, g_elementwi
 // Adds the thread-nanoseconds of its lifetime to `counter` while the profile is on (two clock reads; nothing off).
 class ProfileScope {
  public:
-  explicit ProfileScope(std::atomic<int64_t> &counter) : counter_(counter), on_(g_profile.load(std::memory_order_relaxed)) {
+  explicit ProfileScope(std::atomic<int64_t> &counter)
+      : counter_(counter), on_(g_profile.load(std::memory_order_relaxed)) {
     if (on_) t0_ = std::chrono::steady_clock::now();
   }
+  bool on() const { return on_; }
   ~ProfileScope() {
     if (!on_) return;
     const auto dt = std::chrono::steady_clock::now() - t0_;
@@ -438,12 +440,11 @@ std::atomic<SgemmFn> g_sgemm{nullptr};
 
 int tile_gemm(SgemmFn sgemm, char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
               int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-  if (!g_profile.load(std::memory_order_relaxed)) {
-    return sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
   ProfileScope scope(g_gemm_ns);
-  g_gemm_calls.fetch_add(1, std::memory_order_relaxed);
-  g_gemm_flops.fetch_add(2 * m * n * k, std::memory_order_relaxed);
+  if (scope.on()) {
+    g_gemm_calls.fetch_add(1, std::memory_order_relaxed);
+    g_gemm_flops.fetch_add(2 * m * n * k, std::memory_order_relaxed);
+  }
   return sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
