@@ -12,11 +12,16 @@ engine's latency model, so a long history weighs more than a short one and a cac
 what a unit costs is learned from departures: while the server is busy, the time between two
 consecutive completions, divided by the size of the rank that completed, is the time per unit,
 whatever the bottleneck is (device thread, interpreter lock, JSON, a neighbour on the same cores).
-Its exponentially weighted mean is the unit cost, so a request of size `s` arriving behind
-unfinished ranks of total size `W` is predicted to finish after `(W + s) * cost`. With every size 1
-this counts ranks. The time with at least one rank in flight is summed (`busy_s`): ranks served per
-busy second is the instance's capacity, whether or not its clients kept it busy. Plain Python,
-thread-safe, no MindSpore.
+Its exponentially weighted mean is the unit cost. The work ahead is what remains of it: the ranks in
+flight have been served since the last departure (or since the busy period began), so that time is
+taken off their `W * cost`, up to the mean size of one of them (the rank being served may overrun its
+prediction; its successors have not started). A request of size `s` arriving `e` ms after the last
+departure is predicted to finish after `W * cost - min(e, W * cost / n) + s * cost` for `n` ranks in
+flight. Without that credit a rank arriving just before the one in service finishes would be judged
+as if that one had just begun: an instance whose ranks each take more than half the budget would
+admit one at a time and idle between them. With every size 1 this counts ranks. The time with at
+least one rank in flight is summed (`busy_s`): ranks served per busy second is the instance's
+capacity, whether or not its clients kept it busy. Plain Python, thread-safe, no MindSpore.
 
 The budget is a fraction of the SLO so that a refused rank still has time to be served by the next
 instance. A rank that reached its last instance (every other one refused it) has no next one:
@@ -41,6 +46,7 @@ class AdmissionSnapshot:
     in_flight: int
     work: float  # sizes of the ranks in flight
     cost_ms: float  # per unit of size
+    served_ms: float  # of the work in flight, the part already served (since the last departure)
     admitted: int
     rejected: int
     admitted_last_resort: int  # admitted against last_resort_budget_ms, over budget_ms
@@ -49,19 +55,21 @@ class AdmissionSnapshot:
 
     @property
     def work_ahead_ms(self) -> float:
-        return self.work * self.cost_ms
+        """Predicted time until the ranks in flight have all left."""
+        return self.work * self.cost_ms - self.served_ms
 
     def to_dict(self) -> dict[str, float | int]:
         return {"budget_ms": self.budget_ms, "last_resort_budget_ms": self.last_resort_budget_ms,
                 "in_flight": self.in_flight, "work": self.work, "cost_ms": self.cost_ms,
-                "work_ahead_ms": self.work_ahead_ms,
+                "served_ms": self.served_ms, "work_ahead_ms": self.work_ahead_ms,
                 "admitted": self.admitted, "rejected": self.rejected,
                 "admitted_last_resort": self.admitted_last_resort,
                 "served": self.served, "busy_s": self.busy_s}
 
 
 class AdmissionControl:
-    """Admit a rank iff (sizes of the unfinished admitted ranks + its size) x the learned unit cost <= budget.
+    """Admit a rank iff what remains of the unfinished admitted ranks' work plus its own, at the learned unit
+    cost, fits the budget.
 
     An idle instance admits any rank: refusing it could not make it faster anywhere. A rank on its
     last try (`try_admit(last_resort=True)`) is held to `last_resort_budget_ms` instead (default:
@@ -99,7 +107,7 @@ class AdmissionControl:
         if not size > 0:
             raise ValueError(f"size={size!r}: must be > 0")
         with self._lock:
-            predicted_ms = (self._work + size) * self._cost_ms
+            predicted_ms = self._work * self._cost_ms - self._served_ms_locked() + size * self._cost_ms
             if self._in_flight > 0 and predicted_ms > self.budget_ms:
                 on_last_try = last_resort() if callable(last_resort) else last_resort
                 if not on_last_try or predicted_ms > self.last_resort_budget_ms:
@@ -134,9 +142,16 @@ class AdmissionControl:
                 self._busy_s += now - self._period_start
                 self._busy_since = self._period_start = None
 
+    def _served_ms_locked(self) -> float:
+        """Work done on the ranks in flight: the time since the last departure, at most one mean rank."""
+        if self._busy_since is None or self._in_flight == 0:
+            return 0.0
+        elapsed_ms = (self._clock() - self._busy_since) * 1e3
+        return min(elapsed_ms, self._work * self._cost_ms / self._in_flight)
+
     def snapshot(self) -> AdmissionSnapshot:
         with self._lock:
             busy_s = self._busy_s + (self._clock() - self._period_start if self._period_start is not None else 0.0)
             return AdmissionSnapshot(self.budget_ms, self.last_resort_budget_ms, self._in_flight, self._work,
-                                     self._cost_ms, self._admitted, self._rejected, self._admitted_last_resort,
-                                     self._served, busy_s)
+                                     self._cost_ms, self._served_ms_locked(), self._admitted, self._rejected,
+                                     self._admitted_last_resort, self._served, busy_s)

@@ -170,3 +170,31 @@ def test_work_is_counted_in_sizes_and_the_unit_cost_learned_per_size():
     assert ctl.snapshot().cost_ms == pytest.approx(10.0) and ctl.snapshot().work == 5.0
     with pytest.raises(ValueError, match="size"):
         ctl.try_admit(size=0.0)
+
+
+def test_the_work_already_served_since_the_last_departure_is_not_counted_again():
+    clock = FakeClock()
+    ctl = AdmissionControl(budget_ms=105.0, initial_cost_ms=1.0, clock=clock)
+    assert ctl.try_admit(size=72.0)  # idle: admitted, its service starts now
+    clock.advance_ms(10.0)
+    assert not ctl.try_admit(size=72.0)  # 62 ms of it remain: 62 + 72 > 105
+    assert ctl.snapshot().work_ahead_ms == pytest.approx(62.0)
+    clock.advance_ms(30.0)
+    assert ctl.try_admit(size=72.0)  # 32 remain: 32 + 72 <= 105, though 72 + 72 would not fit
+    view = ctl.snapshot()
+    assert (view.served_ms, view.work_ahead_ms) == (pytest.approx(40.0), pytest.approx(104.0))
+    clock.advance_ms(32.0)
+    ctl.finish(size=72.0)  # the first leaves: the second's service starts at this departure
+    assert ctl.snapshot().served_ms == 0.0 and ctl.snapshot().work_ahead_ms == pytest.approx(72.0)
+
+
+def test_the_credit_for_served_work_is_at_most_one_mean_rank_in_flight():
+    clock = FakeClock()
+    ctl = AdmissionControl(budget_ms=105.0, initial_cost_ms=1.0, clock=clock)
+    assert ctl.try_admit(size=72.0)
+    clock.advance_ms(200.0)  # the rank in service overruns its prediction
+    assert ctl.snapshot().work_ahead_ms == 0.0
+    assert ctl.try_admit(size=72.0)  # what it has left is unknown: counted as nothing, not negative
+    clock.advance_ms(200.0)
+    assert ctl.snapshot().served_ms == pytest.approx(72.0)  # one mean rank of the two, not 400 ms
+    assert not ctl.try_admit(size=72.0)  # the second has not started: 72 + 72 > 105

@@ -4,6 +4,7 @@ PREDICTED_MS_PER_EVENT per event, so rank_body's 20 events weigh 5 ms."""
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 
@@ -11,12 +12,23 @@ import pytest
 
 from mindspore_relaygr.config import load_config
 from mindspore_relaygr.errors import ConfigError
+from mindspore_relaygr.relay.admission import AdmissionControl
 from mindspore_relaygr.relay.router import NginxConsistentHash
 from serving.app import create_app
 from serving.settings import resolve_settings
 from tests.conftest import CONFIGS
+from tests.relay.test_admission import FakeClock
 from tests.serving.conftest import FakeEngine, rank_body
 from tests.serving.fake_engine import PREDICTED_MS_PER_EVENT
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch) -> FakeClock:
+    """The apps' admission control reads this clock: time stands still unless a test advances it, so the
+    blocked ranks' service time (credited as work done) is what the test says."""
+    fake = FakeClock()
+    monkeypatch.setattr("serving.app.AdmissionControl", functools.partial(AdmissionControl, clock=fake))
+    return fake
 
 
 class BlockingEngine(FakeEngine):
@@ -47,8 +59,9 @@ def post_rank(client, body) -> tuple[int, dict, dict]:
     return resp.status_code, resp.get_json(), dict(resp.headers)
 
 
-def test_ranks_beyond_the_budget_are_refused_at_once_and_admitted_ones_are_served():
-    app, engine = make_app(fraction=0.5)  # budget 40 ms; before any departure 5 predicted ms cost 5 ms: 8 admitted
+def test_ranks_beyond_the_budget_are_refused_at_once_and_admitted_ones_are_served(clock):
+    app, engine = make_app(fraction=0.5)  # budget 40 ms; before any departure 5 predicted ms cost 5 ms:
+    # 8 admitted at once
     client = app.test_client()
     results: list[int] = []
     threads = [threading.Thread(target=lambda i=i: results.append(post_rank(client, rank_body(f"u{i}"))[0]))
@@ -57,17 +70,24 @@ def test_ranks_beyond_the_budget_are_refused_at_once_and_admitted_ones_are_serve
         t.start()
     for _ in threads:
         assert engine.entered.acquire(timeout=30)
-    status, body, hdrs = post_rank(client, rank_body("late"))
+    # Once the first has been in service for one rank's time (5 ms), that much of the 40 ms is done: one more fits.
+    clock.advance_ms(10.0)
+    threads.append(threading.Thread(target=lambda: results.append(post_rank(client, rank_body("u8"))[0])))
+    threads[-1].start()
+    assert engine.entered.acquire(timeout=30)
+    status, body, hdrs = post_rank(client, rank_body("late"))  # 45 - 5 + 5 > 40
     assert status == 503 and hdrs["Retry-After"] == "1"
-    assert body["field"] is None and "8 ranks ahead" in body["error"] and "budget 40 ms" in body["error"]
+    assert body["field"] is None and "9 ranks ahead" in body["error"] and "budget 40 ms" in body["error"]
+    assert "about 40 ms of work" in body["error"]  # what remains: 45 ms predicted, 5 of them served
     assert post_rank(client, b"{not json")[0] == 400  # a bad request is told so, loaded or not, and takes no budget
     stats = client.get("/v1/stats").get_json()["admission"]
-    assert (stats["in_flight"], stats["admitted"], stats["rejected"]) == (8, 8, 1)
-    assert stats["work"] == pytest.approx(8 * 20 * PREDICTED_MS_PER_EVENT)
+    assert (stats["in_flight"], stats["admitted"], stats["rejected"]) == (9, 9, 1)
+    assert stats["work"] == pytest.approx(9 * 20 * PREDICTED_MS_PER_EVENT)
+    assert stats["served_ms"] == pytest.approx(20 * PREDICTED_MS_PER_EVENT)
     engine.release.set()
     for t in threads:
         t.join(30)
-    assert results == [200] * 8
+    assert results == [200] * 9
     assert post_rank(client, rank_body("after"))[0] == 200
     assert client.get("/v1/stats").get_json()["admission"]["in_flight"] == 0
     metrics = client.get("/metrics").get_data(as_text=True)
