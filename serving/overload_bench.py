@@ -29,6 +29,7 @@ import math
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -75,6 +76,7 @@ def point_summary(outcomes: list[Outcome], offered_rps: float, slo_ms: float) ->
     ranks = [o for o in outcomes if o.kind == "rank"]
     span_s = max(o.scheduled_s for o in ranks) - min(o.scheduled_s for o in ranks) if len(ranks) > 1 else 0.0
     accepted = [o.latency_ms for o in ranks if o.status == 200]
+    tiers = Counter(o.tier for o in ranks if o.status == 200)  # device, dram, ... or none (the full path)
     rejected = [o.latency_ms for o in ranks if o.status == 503]
     good = sum(1 for ms in accepted if ms <= slo_ms)
     return {
@@ -90,6 +92,7 @@ def point_summary(outcomes: list[Outcome], offered_rps: float, slo_ms: float) ->
         "accepted_p50_ms": percentile(accepted, 50) if accepted else None,
         "accepted_p99_ms": percentile(accepted, 99) if accepted else None,
         "accepted_max_ms": max(accepted, default=None),
+        "accepted_tiers": dict(sorted(tiers.items())),
         "other_errors": sum(1 for o in ranks if o.status not in (200, 503)),
         "error_samples": sorted({o.error or str(o.status) for o in ranks if o.status not in (200, 503)})[:3],
     }

@@ -23,19 +23,21 @@ from tests.serving.servers import FAKE_FACTORY
 TINY = CONFIGS / "tiny.yaml"
 
 
-def outcome(at_s: float, ms: float, status: int, error: str = "") -> Outcome:
-    return Outcome("rank", 0, at_s, ms, status == 200, "miss", False, status, error)
+def outcome(at_s: float, ms: float, status: int, error: str = "", tier: str = "none") -> Outcome:
+    return Outcome("rank", 0, at_s, ms, status == 200, tier if status == 200 else f"http_{status}", False,
+                   status, error)
 
 
 def test_point_summary_counts_goodput_within_the_slo_and_keeps_503s_apart():
-    outs = [outcome(0.0, 10.0, 200), outcome(0.5, 60.0, 200), outcome(1.0, 2.0, 503), outcome(1.5, 3.0, 503),
-            outcome(2.0, 5.0, 599, "ConnectionError: x")]
+    outs = [outcome(0.0, 10.0, 200), outcome(0.5, 60.0, 200, tier="device"), outcome(1.0, 2.0, 503),
+            outcome(1.5, 3.0, 503), outcome(2.0, 5.0, 599, "ConnectionError: x")]
     row = point_summary(outs, offered_rps=2.5, slo_ms=50.0)
     counts = (row["ranks"], row["accepted"], row["within_slo"], row["rejected_503"], row["other_errors"])
     assert counts == (5, 2, 1, 2, 1)
     assert row["goodput_rps"] == pytest.approx(1 / 2.0)  # one good rank over the 2 s of arrivals
     assert row["reject_p50_ms"] == pytest.approx(2.5) and row["accepted_max_ms"] == 60.0
     assert row["error_samples"] == ["ConnectionError: x"]
+    assert row["accepted_tiers"] == {"device": 1, "none": 1}  # what the answered ranks were served from
 
 
 def test_users_routed_to_keeps_exactly_the_requests_nginx_hashes_to_that_server():
