@@ -17,6 +17,7 @@
 // rounded exactly like the reference (no fused multiply-add). Threads come from a small pool of our own whose
 // workers sleep between calls: OpenMP's spinning workers would steal the cores MindSpore's own kernels use.
 #include <dlfcn.h>
+#include <sched.h>
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
@@ -39,10 +40,15 @@
 
 namespace {
 
-// Threads a kernel may use: the hardware's, or RELAYGR_KERNEL_THREADS (at least 1).
+// Threads a kernel may use: RELAYGR_KERNEL_THREADS (at least 1), else the cores this process may run on (its
+// affinity mask: an instance pinned to one core must not run two kernel threads on it), else the hardware's.
 int64_t kernel_threads() {
   const char *env = std::getenv("RELAYGR_KERNEL_THREADS");
   if (env != nullptr) return std::max(1, std::atoi(env));
+#ifdef __linux__
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof(mask), &mask) == 0 && CPU_COUNT(&mask) > 0) return CPU_COUNT(&mask);
+#endif
   const int64_t hw = static_cast<int64_t>(std::thread::hardware_concurrency());
   return hw > 0 ? hw : 1;
 }

@@ -58,3 +58,29 @@ def test_kernels_work_in_a_forked_child_and_at_any_thread_count(threads):
     env = {**os.environ, "RELAYGR_KERNEL_THREADS": threads, "GLOG_v": "3"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+THREADS_SCRIPT = textwrap.dedent('''
+    import ctypes, os
+    from mindspore_relaygr.model.kernels import build_library
+
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # pinned to one core, as relaygr cluster --pin-cpus
+    lib = ctypes.CDLL(str(build_library()))
+    lib.RelaygrKernelThreads.restype = ctypes.c_int64
+    print(lib.RelaygrKernelThreads())
+''')
+
+
+@pytest.mark.parametrize("env_threads, expected", [(None, "1"), ("3", "3")])
+def test_kernel_threads_follow_the_affinity_mask_unless_set(env_threads, expected):
+    """A process pinned to one core runs its kernels on one thread (two would take turns on that core);
+    RELAYGR_KERNEL_THREADS still decides when set."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "RELAYGR_KERNEL_THREADS"} | {"GLOG_v": "3"}
+    if env_threads is not None:
+        env["RELAYGR_KERNEL_THREADS"] = env_threads
+    proc = subprocess.run([sys.executable, "-c", THREADS_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == expected
