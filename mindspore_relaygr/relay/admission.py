@@ -14,14 +14,17 @@ consecutive completions, divided by the size of the rank that completed, is the 
 whatever the bottleneck is (device thread, interpreter lock, JSON, a neighbour on the same cores).
 Its exponentially weighted mean is the unit cost. The work ahead is what remains of it: the ranks in
 flight have been served since the last departure (or since the busy period began), so that time is
-taken off their `W * cost`, up to the mean size of one of them (the rank being served may overrun its
-prediction; its successors have not started). A request of size `s` arriving `e` ms after the last
-departure is predicted to finish after `W * cost - min(e, W * cost / n) + s * cost` for `n` ranks in
-flight. Without that credit a rank arriving just before the one in service finishes would be judged
-as if that one had just begun: an instance whose ranks each take more than half the budget would
-admit one at a time and idle between them. With every size 1 this counts ranks. The time with at
-least one rank in flight is summed (`busy_s`): ranks served per busy second is the instance's
-capacity, whether or not its clients kept it busy. Plain Python, thread-safe, no MindSpore.
+taken off their `W * cost`, up to the mean size `m = W * cost / n` of one of the `n` of them (only the
+rank in service has started). A rank in service past `m` is running late, and a late rank is taken to
+need as long again as it has overrun: the credit falls back from `m` by the overrun, to nothing at
+`2 m`, so a stalled rank does not let others in as if it had finished. A request of size `s` arriving
+`e` ms after the last departure is predicted to finish after `W * cost - credit(e) + s * cost`, with
+`credit(e) = e` up to `m` and `max(2 m - e, 0)` beyond. Without that credit a rank arriving just
+before the one in service finishes would be judged as if that one had just begun: an instance whose
+ranks each take more than half the budget would admit one at a time and idle between them. With
+every size 1 this counts ranks. The time with at least one rank in flight is summed (`busy_s`): ranks
+served per busy second is the instance's capacity, whether or not its clients kept it busy. Plain
+Python, thread-safe, no MindSpore.
 
 The budget is a fraction of the SLO so that a refused rank still has time to be served by the next
 instance. A rank that reached its last instance (every other one refused it) has no next one:
@@ -143,11 +146,13 @@ class AdmissionControl:
                 self._busy_since = self._period_start = None
 
     def _served_ms_locked(self) -> float:
-        """Work done on the ranks in flight: the time since the last departure, at most one mean rank."""
+        """Work done on the ranks in flight: the time since the last departure up to one mean rank; past
+        that, the rank in service is late and the credit shrinks by its overrun."""
         if self._busy_since is None or self._in_flight == 0:
             return 0.0
         elapsed_ms = (self._clock() - self._busy_since) * 1e3
-        return min(elapsed_ms, self._work * self._cost_ms / self._in_flight)
+        mean_rank_ms = self._work * self._cost_ms / self._in_flight
+        return elapsed_ms if elapsed_ms <= mean_rank_ms else max(2 * mean_rank_ms - elapsed_ms, 0.0)
 
     def snapshot(self) -> AdmissionSnapshot:
         with self._lock:

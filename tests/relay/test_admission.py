@@ -188,13 +188,16 @@ def test_the_work_already_served_since_the_last_departure_is_not_counted_again()
     assert ctl.snapshot().served_ms == 0.0 and ctl.snapshot().work_ahead_ms == pytest.approx(72.0)
 
 
-def test_the_credit_for_served_work_is_at_most_one_mean_rank_in_flight():
+def test_the_credit_for_served_work_is_at_most_one_mean_rank_and_a_late_rank_loses_it():
     clock = FakeClock()
     ctl = AdmissionControl(budget_ms=105.0, initial_cost_ms=1.0, clock=clock)
     assert ctl.try_admit(size=72.0)
-    clock.advance_ms(200.0)  # the rank in service overruns its prediction
-    assert ctl.snapshot().work_ahead_ms == 0.0
-    assert ctl.try_admit(size=72.0)  # what it has left is unknown: counted as nothing, not negative
-    clock.advance_ms(200.0)
-    assert ctl.snapshot().served_ms == pytest.approx(72.0)  # one mean rank of the two, not 400 ms
-    assert not ctl.try_admit(size=72.0)  # the second has not started: 72 + 72 > 105
+    clock.advance_ms(72.0)  # the rank in service reaches its prediction: all of it counts as done
+    assert ctl.snapshot().served_ms == pytest.approx(72.0) and ctl.snapshot().work_ahead_ms == pytest.approx(0.0)
+    clock.advance_ms(30.0)  # 30 ms late: taken to need 30 ms more
+    assert (ctl.snapshot().served_ms, ctl.snapshot().work_ahead_ms) == (pytest.approx(42.0), pytest.approx(30.0))
+    assert ctl.try_admit(size=72.0)  # 30 + 72 <= 105
+    assert ctl.snapshot().served_ms == pytest.approx(72.0 - 30.0)  # a mean rank of the two is still 72 ms
+    clock.advance_ms(200.0)  # stalled far past twice its prediction: no credit left, never a negative one
+    assert ctl.snapshot().served_ms == 0.0 and ctl.snapshot().work_ahead_ms == pytest.approx(144.0)
+    assert not ctl.try_admit(size=1.0)  # 144 + 1 > 105

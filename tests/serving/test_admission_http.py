@@ -71,7 +71,7 @@ def test_ranks_beyond_the_budget_are_refused_at_once_and_admitted_ones_are_serve
     for _ in threads:
         assert engine.entered.acquire(timeout=30)
     # Once the first has been in service for one rank's time (5 ms), that much of the 40 ms is done: one more fits.
-    clock.advance_ms(10.0)
+    clock.advance_ms(5.0)
     threads.append(threading.Thread(target=lambda: results.append(post_rank(client, rank_body("u8"))[0])))
     threads[-1].start()
     assert engine.entered.acquire(timeout=30)
