@@ -76,7 +76,7 @@ def point_summary(outcomes: list[Outcome], offered_rps: float, slo_ms: float) ->
     ranks = [o for o in outcomes if o.kind == "rank"]
     span_s = max(o.scheduled_s for o in ranks) - min(o.scheduled_s for o in ranks) if len(ranks) > 1 else 0.0
     accepted = [o.latency_ms for o in ranks if o.status == 200]
-    tiers = Counter(o.tier for o in ranks if o.status == 200)  # device, dram, ... or none (the full path)
+    tiers = Counter(o.tier for o in ranks if o.status == 200)  # device, dram, ... or miss (the full path)
     rejected = [o.latency_ms for o in ranks if o.status == 503]
     good = sum(1 for ms in accepted if ms <= slo_ms)
     return {

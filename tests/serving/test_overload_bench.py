@@ -23,7 +23,7 @@ from tests.serving.servers import FAKE_FACTORY
 TINY = CONFIGS / "tiny.yaml"
 
 
-def outcome(at_s: float, ms: float, status: int, error: str = "", tier: str = "none") -> Outcome:
+def outcome(at_s: float, ms: float, status: int, error: str = "", tier: str = "miss") -> Outcome:
     return Outcome("rank", 0, at_s, ms, status == 200, tier if status == 200 else f"http_{status}", False,
                    status, error)
 
@@ -37,7 +37,7 @@ def test_point_summary_counts_goodput_within_the_slo_and_keeps_503s_apart():
     assert row["goodput_rps"] == pytest.approx(1 / 2.0)  # one good rank over the 2 s of arrivals
     assert row["reject_p50_ms"] == pytest.approx(2.5) and row["accepted_max_ms"] == 60.0
     assert row["error_samples"] == ["ConnectionError: x"]
-    assert row["accepted_tiers"] == {"device": 1, "none": 1}  # what the answered ranks were served from
+    assert row["accepted_tiers"] == {"device": 1, "miss": 1}  # what the answered ranks were served from
 
 
 def test_users_routed_to_keeps_exactly_the_requests_nginx_hashes_to_that_server():
