@@ -195,8 +195,9 @@ class RelayConfig:
     warmup: bool = True  # compile every bucket at start-up (false: on first use, e.g. in tests)
     # Admission control of ranks (serving): admit a rank only while the unfinished ranks ahead of it and
     # itself are predicted to drain within admission_fraction * trigger.slo_ms; others get 503 at once.
-    # null: admit everything (requests then queue without bound under overload).
-    admission_fraction: float | None = 0.7
+    # The rest of the SLO covers a refused rank's next try and the error of the prediction, which counts
+    # the rank in service as finishing on time. null: admit everything (requests then queue without bound).
+    admission_fraction: float | None = 0.6
     # A rank on its last try behind nginx (every other instance refused it; serving.upstream_servers)
     # fails if refused, so it is admitted while predicted to drain within last_try_factor *
     # trigger.slo_ms: late rather than failed, yet bounded, so a cluster-wide overload still sheds.
