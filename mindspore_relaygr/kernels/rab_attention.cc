@@ -45,12 +45,15 @@ namespace {
 int64_t kernel_threads() {
   const char *env = std::getenv("RELAYGR_KERNEL_THREADS");
   if (env != nullptr) return std::max(1, std::atoi(env));
+  static const int64_t usable = [] {  // read once: no system call on every kernel call
 #ifdef __linux__
-  cpu_set_t mask;
-  if (sched_getaffinity(0, sizeof(mask), &mask) == 0 && CPU_COUNT(&mask) > 0) return CPU_COUNT(&mask);
+    cpu_set_t mask;
+    if (sched_getaffinity(0, sizeof(mask), &mask) == 0 && CPU_COUNT(&mask) > 0) return int64_t{CPU_COUNT(&mask)};
 #endif
-  const int64_t hw = static_cast<int64_t>(std::thread::hardware_concurrency());
-  return hw > 0 ? hw : 1;
+    const int64_t hw = static_cast<int64_t>(std::thread::hardware_concurrency());
+    return hw > 0 ? hw : int64_t{1};
+  }();
+  return usable;
 }
 
 // Worker threads kept for the life of the process, parked on a condition variable between kernel calls (never
