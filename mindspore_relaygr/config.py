@@ -193,6 +193,12 @@ class RelayConfig:
     # when the prefill's remaining chunks are predicted to beat a miss (at once, or once this wait is
     # over), it is boosted and waited for up to (predicted remaining + predicted miss)
     warmup: bool = True  # compile every bucket at start-up (false: on first use, e.g. in tests)
+    # How long a relayed prefix, once READY, waits for its rank. Past it the relay expires: it stops counting
+    # against trigger.max_inflight_slots and its slot is among the first evicted (a READY relay inside its
+    # TTL goes only when nothing else can). Set it to the retrieval -> ranking gap of your cascade with
+    # margin: about 2x its P99 (gaps of 0.1-1 s give the default). A rank arriving later still uses the
+    # slot if it is there.
+    ready_ttl_ms: float = 2000.0
     # Admission control of ranks (serving): admit a rank only while the unfinished ranks ahead of it and
     # itself are predicted to drain within admission_fraction * trigger.slo_ms; others get 503 at once.
     # The rest of the SLO covers a refused rank's next try and the error of the prediction, which counts
@@ -211,6 +217,7 @@ class RelayConfig:
                  f"must be one of {MISS_POLICIES}")
         _require(self.max_online_len >= 1, "relay.max_online_len", self.max_online_len, "must be >= 1")
         _require(self.inflight_wait_ms >= 0, "relay.inflight_wait_ms", self.inflight_wait_ms, "must be >= 0")
+        _require(self.ready_ttl_ms > 0, "relay.ready_ttl_ms", self.ready_ttl_ms, "must be > 0")
         _require(0.0 <= self.audit_fraction <= 1.0, "relay.audit_fraction", self.audit_fraction, "must be in [0, 1]")
         _require(self.last_try_factor >= 1, "relay.last_try_factor", self.last_try_factor, "must be >= 1")
         if self.admission_fraction is not None:

@@ -11,8 +11,10 @@ model version and a hash of the prefix events; any mismatch is a miss. A user ma
 entries (e.g. a history sent under their id by someone else); a commit drops only the same user's
 entries that the new history extends.
 
-Tier logic only: which relays are pending or consumed is the RelayLedger's business, and an
-eviction reaches it through the one `on_evicted` hook.
+Tier logic only: which relays are pending, awaited or consumed is the RelayLedger's business. The
+caller hands in the keys to keep (`keep`: prefixes whose rank may still come), which are evicted only
+when nothing else can be, never superseded and never rewritten in place; and it collects the device
+entries this cache dropped (`take_dropped`) to settle the relays they held. Nothing here calls up.
 
 Threads: `key_for`, `matches`, `locate` and `stats` read only the thread-safe manager and expander
 and may be called from any thread (`THREAD_SAFE`); every other method writes slots or tier tables
@@ -22,14 +24,14 @@ and must be called from the one device thread of the instance (MindSpore calls m
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mindspore_relaygr.cache.expander import DRAMExpander, DramTierStats
 from mindspore_relaygr.cache.keys import CacheKey, prefix_hash
-from mindspore_relaygr.cache.manager import DeviceTierStats, EntryState, KVCacheManager, SlotLease
-from mindspore_relaygr.model.inputs import History
+from mindspore_relaygr.cache.manager import DeviceTierStats, EntryState, Eviction, KVCacheManager, SlotLease
+from mindspore_relaygr.history import History
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,6 @@ logger = logging.getLogger(__name__)
 # DRAM: the copy of a long prefix costs about a chunk, so it is a device step of its own, and ranks
 # queued behind it run before the next chunk. It is not a chunk or a copied layer.
 SPILLED = "spilled"
-EvictedHook = Callable[[CacheKey, str], None]  # (key, reason): manager reasons or "superseded"
 
 
 class SlotStore(Protocol):
@@ -83,14 +84,11 @@ class RelayCache:
         self.model_version = model_version
         self.max_prefix_len = max_prefix_len
         self.reload_is_cheaper = reload_is_cheaper or (lambda nbytes, prefix_len: True)
-        self.on_evicted: EvictedHook | None = None  # the ledger's hook (wasted or superseded relays)
-        self._releasing: dict[CacheKey, str] = {}  # entries released on purpose (not spilled) -> why
-        self._flushing = False
+        self._dropped: list[CacheKey] = []  # READY device entries dropped since the last take_dropped
         self.extended_tokens = 0
         self.promotions = 0
         self.spills = 0
         self.superseded = 0
-        manager.on_evict = self._on_evict
 
     # ----------------------------------------------------------------- any thread
     def key_for(self, user_id: str, history: History) -> CacheKey:
@@ -125,28 +123,35 @@ class RelayCache:
         return CacheTierStats(self.extended_tokens, self.promotions, self.spills, self.superseded,
                               self.manager.stats(), self.expander.stats() if self.expander is not None else None)
 
+    # ----------------------------------------------------------------- device thread
+    def take_dropped(self) -> list[CacheKey]:
+        """The READY device entries dropped (evicted, superseded or released) since the last call."""
+        dropped, self._dropped = self._dropped, []
+        return dropped
+
     # ----------------------------------------------------------------- device thread: pre-infer
-    def reserve(self, user_id: str, history: History) -> SlotLease | None:
+    def reserve(self, user_id: str, history: History, keep: Collection[CacheKey] = ()) -> SlotLease | None:
         """Reserve a slot for prefilling the whole `history` (None: no slot free, too long, or cached)."""
         if not 0 < len(history) <= self.max_prefix_len:
             return None
         key = self.key_for(user_id, history)
         if self.manager.peek(key) is not None:
             return None  # already cached or being prefilled
-        return self.manager.allocate(key)
+        return self._allocate(key, keep)
 
-    def commit(self, lease: SlotLease, history: History) -> None:
+    def commit(self, lease: SlotLease, history: History, keep: Collection[CacheKey] = ()) -> None:
         """The prefill of `history` into a reserved slot finished: make it READY, and drop the same
-        user's shorter entries it extends (their history moved on). Entries it does not extend stay."""
+        user's shorter entries it extends (their history moved on), except those in `keep`. Entries it
+        does not extend stay."""
         self.manager.mark_ready(lease.key)
-        self._supersede(lease.key, history)
+        self._supersede(lease.key, history, keep)
 
     def abort(self, lease: SlotLease) -> None:
         """The prefill of a reserved slot failed or was cancelled."""
         self.manager.abort(lease.key)
         self.store.release_slot(lease.slot)
 
-    def promote_steps(self, key: CacheKey) -> Generator[Any, None, bool]:
+    def promote_steps(self, key: CacheKey, keep: Collection[CacheKey] = ()) -> Generator[Any, None, bool]:
         """Reload `key`'s DRAM copy into a device slot ahead of its rank, as steps of the store's copy
         (one graph call each). Meanwhile the slot is reserved, so the prefix reads as in flight and
         nobody else reloads or uses it. False when there is no copy, the device has it, no slot is
@@ -156,7 +161,7 @@ class RelayCache:
                 or not self.reload_is_cheaper(payload.nbytes, key.prefix_len):
             return False
         spills = self.spills
-        lease = self.manager.allocate(key)
+        lease = self._allocate(key, keep)
         if lease is None:
             return False  # every slot is pinned or reserved
         try:
@@ -172,26 +177,29 @@ class RelayCache:
         return True
 
     # ----------------------------------------------------------------- device thread: rank
-    def acquire(self, user_id: str, history: History) -> CacheHit | None:
+    def acquire(self, user_id: str, history: History, keep: Collection[CacheKey] = ()) -> CacheHit | None:
         """Pin a device slot holding the longest cached prefix of `history` (reloading it from DRAM
-        if needed), or None. The caller extends it if the suffix is too long, and `release`s it."""
+        if needed, evicting entries in `keep` last), or None. The caller extends it if the suffix is
+        too long, and `release`s it."""
         tier, key = self.locate(user_id, history)
         if tier == "device":
             lease = self.manager.lookup(key, pin=True)
             return CacheHit("device", key, lease.slot, key.prefix_len) if lease else None
         if tier == "dram":
-            return self._reload(key)
+            return self._reload(key, keep)
         return None
 
     def release(self, hit: CacheHit) -> None:
         self.manager.unpin(hit.key)
 
-    def extend_steps(self, hit: CacheHit, history: History, chunk_len: int) -> Generator[None, None, CacheHit | None]:
+    def extend_steps(self, hit: CacheHit, history: History, chunk_len: int,
+                     keep: Collection[CacheKey] = ()) -> Generator[None, None, CacheHit | None]:
         """Compute the events of `history` after the pinned `hit` in its slot, `chunk_len` events per
         step (yielding after each), and re-key the entry to the whole `history`; the hit stays pinned.
-        None (hit released) when the history does not fit the slot or is already cached under its own key."""
+        None (hit released) when the history does not fit the slot, is already cached under its own key,
+        or the hit is in `keep` (another rank may still need its prefix as it is)."""
         new_key = self.key_for(hit.key.user_id, history)
-        if len(history) > self.max_prefix_len or self.manager.peek(new_key) is not None:
+        if len(history) > self.max_prefix_len or self.manager.peek(new_key) is not None or hit.key in keep:
             self.release(hit)
             return None
         try:
@@ -200,18 +208,18 @@ class RelayCache:
             self.release(hit)
             raise
         self.manager.rekey(hit.key, new_key)
-        self._supersede(new_key, history)
+        self._supersede(new_key, history, keep)
         return CacheHit("partial", new_key, hit.slot, len(history))
 
-    def reopen(self, key: CacheKey, history: History) -> SlotLease | None:
+    def reopen(self, key: CacheKey, history: History, keep: Collection[CacheKey] = ()) -> SlotLease | None:
         """Turn the unpinned READY device entry of `key` (a prefix of `history`) into a reservation of
         the whole `history`, to extend it over several device steps (`extension_chunks`, then
         `commit` or `abort`). None when the history does not fit a slot, is cached already, or the
-        entry is gone, pinned or not READY."""
+        entry is gone, pinned, not READY or in `keep` (a rank may still come for `key` as it is)."""
         new_key = self.key_for(key.user_id, history)
         lease = self.manager.peek(key)
         if (len(history) > self.max_prefix_len or self.manager.peek(new_key) is not None or lease is None
-                or lease.state is not EntryState.READY or not self.matches(key, history)):
+                or lease.state is not EntryState.READY or key in keep or not self.matches(key, history)):
             return None
         try:
             return self.manager.reopen(key, new_key)
@@ -233,16 +241,9 @@ class RelayCache:
     # ----------------------------------------------------------------- device thread: admin
     def flush(self) -> None:
         """Drop every READY device entry (no spill) and every DRAM copy."""
-        self._flushing = True
-        try:
-            for lease in self.manager.leases():
-                if lease.state is EntryState.READY:
-                    try:
-                        self.manager.release(lease.key)
-                    except ValueError:
-                        logger.info("flush: %s is pinned, left in place", lease.key)
-        finally:
-            self._flushing = False
+        for lease in self.manager.leases():
+            if lease.state is EntryState.READY and not self._release(lease.key, "released"):
+                logger.info("flush: %s is pinned, left in place", lease.key)
         if self.expander is not None:
             self.expander.clear()
 
@@ -258,21 +259,47 @@ class RelayCache:
 
     # ----------------------------------------------------------------- internals
     def _release(self, key: CacheKey, reason: str) -> bool:
-        self._releasing[key] = reason
+        """Drop a READY device entry without spilling it; False when it is pinned (it will age out)."""
         try:
-            self.manager.release(key)
-            return True
+            eviction = self.manager.release(key)
         except ValueError:
             logger.debug("%s entry %s is pinned; it will age out", reason, key)
             return False
-        finally:
-            del self._releasing[key]
+        self.store.release_slot(eviction.slot)
+        self._dropped.append(key)
+        return True
 
-    def _supersede(self, key: CacheKey, history: History) -> None:
-        """Drop the user's READY entries and DRAM copies that are strict prefixes of `history`."""
+    def _allocate(self, key: CacheKey, keep: Collection[CacheKey]) -> SlotLease | None:
+        """A slot for `key`; an entry evicted for it is copied to DRAM first (per the spill policy)."""
+        allocation = self.manager.allocate(key, keep=keep)
+        if allocation is None:
+            return None
+        if allocation.evicted is not None:
+            self._spill(allocation.evicted)
+        return allocation.lease
+
+    def _spill(self, eviction: Eviction) -> None:
+        """Copy an evicted slot to DRAM (per the spill policy) before the slot is reused."""
+        if (self.expander is not None and self.expander.should_spill(eviction.was_used)
+                and not self.expander.contains(eviction.key)):
+            self.expander.put(eviction.key, self.store.export_slot(eviction.slot))
+            self.spills += 1
+        self.store.release_slot(eviction.slot)
+        self._dropped.append(eviction.key)
+
+    def evict_one(self, keep: Collection[CacheKey] = ()) -> bool:
+        """Evict the best victim now (spilled like any eviction); False when nothing can go."""
+        eviction = self.manager.evict_one(keep)
+        if eviction is not None:
+            self._spill(eviction)
+        return eviction is not None
+
+    def _supersede(self, key: CacheKey, history: History, keep: Collection[CacheKey]) -> None:
+        """Drop the user's READY entries and DRAM copies that are strict prefixes of `history`, except
+        those in `keep`."""
         dram = self.expander.keys_of(key.user_id) if self.expander is not None else []
         for old in {*self.manager.keys_of(key.user_id), *dram}:
-            if old == key or old.prefix_len >= key.prefix_len or not self.matches(old, history):
+            if old == key or old in keep or old.prefix_len >= key.prefix_len or not self.matches(old, history):
                 continue
             if self.expander is not None:
                 self.expander.discard(old)
@@ -280,11 +307,11 @@ class RelayCache:
             if lease is not None and lease.state is EntryState.READY and self._release(old, "superseded"):
                 self.superseded += 1
 
-    def _reload(self, key: CacheKey) -> CacheHit | None:
+    def _reload(self, key: CacheKey, keep: Collection[CacheKey]) -> CacheHit | None:
         payload = self.expander.peek(key)
         if payload is None or not self.reload_is_cheaper(payload.nbytes, key.prefix_len):
             return None
-        lease = self.manager.allocate(key)
+        lease = self._allocate(key, keep)
         if lease is None:
             return None  # every slot is pinned or reserved: recompute instead
 
@@ -303,13 +330,3 @@ class RelayCache:
         self.manager.mark_ready(key)
         self.manager.pin(key)
         return CacheHit("dram", key, lease.slot, key.prefix_len)
-
-    def _on_evict(self, key: CacheKey, slot: int, was_used: bool, reason: str) -> None:
-        spill = (self.expander is not None and not self._flushing and key not in self._releasing
-                 and self.expander.should_spill(was_used))
-        if spill and not self.expander.contains(key):
-            self.expander.put(key, self.store.export_slot(slot))
-            self.spills += 1
-        self.store.release_slot(slot)
-        if self.on_evicted is not None:
-            self.on_evicted(key, self._releasing.get(key, reason))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mindspore_relaygr.model.inputs import History
+from mindspore_relaygr.history import History
 
 DIGEST_BYTES = 16
 

@@ -2,9 +2,12 @@
 
 Plain Python (no MindSpore): the graphs only ever see slot indices. An entry is RESERVED while its
 prefill runs and READY once the slot holds the prefix. A RESERVED or pinned entry is never evicted.
-When a slot is needed, entries past their deadline go first (earliest deadline first), then the
-least recently used. A full pool is a normal outcome: `allocate` returns None and the caller falls
-back to full inference.
+When a slot is needed, the caller names the entries to keep if it can (`keep`: prefixes whose rank
+may still come); the others go first, those past their deadline first (earliest deadline first),
+then the least recently used; a kept entry goes only when nothing else can. A full pool is a normal
+outcome: `allocate` returns None and the caller falls back to full inference. Whatever is evicted is
+returned to the caller (who may copy the slot to host memory before reusing it); the manager never
+calls anyone.
 """
 
 from __future__ import annotations
@@ -14,15 +17,14 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 
 from mindspore_relaygr.cache.keys import CacheKey
 
 logger = logging.getLogger(__name__)
 
-EVICTION_REASONS = ("expired", "lru", "released")
-EvictCallback = Callable[[CacheKey, int, bool, str], None]
+EVICTION_REASONS = ("expired", "lru", "kept", "released")  # kept: a `keep` entry, when nothing else could go
 
 
 class EntryState(enum.Enum):
@@ -48,6 +50,14 @@ class Eviction:
     reason: str  # one of EVICTION_REASONS
 
 
+@dataclass(frozen=True)
+class Allocation:
+    """A reserved slot, and the entry evicted to free it (its old content is still in the slot)."""
+
+    lease: SlotLease
+    evicted: Eviction | None
+
+
 @dataclass
 class CacheCounters:
     lookups: int = 0
@@ -58,6 +68,7 @@ class CacheCounters:
     aborts: int = 0
     evictions_expired: int = 0
     evictions_lru: int = 0
+    evictions_kept: int = 0
     evictions_released: int = 0
 
 
@@ -91,11 +102,7 @@ class _Entry:
 
 
 class KVCacheManager:
-    """Maps cache keys to the `num_slots` slots of a device pool; thread-safe (one lock).
-
-    `on_evict(key, slot, was_used, reason)` is called outside the lock, before the evicted slot can
-    be reused, so the caller may spill the slot to host memory. Errors it raises are logged.
-    """
+    """Maps cache keys to the `num_slots` slots of a device pool; thread-safe (one lock)."""
 
     def __init__(self, num_slots: int, slot_bytes: int, lifetime_ms: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -108,7 +115,6 @@ class KVCacheManager:
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
         self.lifetime_ms = lifetime_ms
-        self.on_evict: EvictCallback | None = None
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[CacheKey, _Entry] = {}
@@ -116,8 +122,11 @@ class KVCacheManager:
         self._free = list(range(num_slots))  # a heap: the lowest free slot is handed out first
         self._counters = CacheCounters()
 
-    def allocate(self, key: CacheKey, lifetime_ms: float | None = None) -> SlotLease | None:
-        """Reserve a slot for a new prefill of `key`, evicting if needed; None when none can be freed."""
+    def allocate(self, key: CacheKey, lifetime_ms: float | None = None,
+                 keep: Collection[CacheKey] = ()) -> Allocation | None:
+        """Reserve a slot for a new prefill of `key`, evicting if needed (entries in `keep` last); None
+        when none can be freed. The new entry is RESERVED and only the caller writes it, so an evicted
+        entry's data stays in the slot until the caller overwrites it."""
         lifetime_ms = self.lifetime_ms if lifetime_ms is None else lifetime_ms
         if not lifetime_ms > 0:
             raise ValueError(f"lifetime_ms={lifetime_ms!r}: must be > 0")
@@ -128,7 +137,7 @@ class KVCacheManager:
             if self._free:
                 slot = heapq.heappop(self._free)
             else:
-                picked = self._pick_victim()
+                picked = self._pick_victim(keep)
                 if picked is None:
                     self._counters.allocation_failures += 1
                     return None
@@ -137,10 +146,7 @@ class KVCacheManager:
             entry = _Entry(key, slot, EntryState.RESERVED, lifetime_ms / 1e3, self._clock())
             self._add(entry)
             self._counters.allocations += 1
-            lease = entry.lease()
-        # The new entry is RESERVED and only this caller writes it, so the old data outlives the hook.
-        self._notify(eviction)
-        return lease
+            return Allocation(entry.lease(), eviction)
 
     def mark_ready(self, key: CacheKey) -> SlotLease:
         """The prefill of `key` finished: its slot now holds the prefix."""
@@ -236,24 +242,25 @@ class KVCacheManager:
             entry.pins -= 1
 
     def release(self, key: CacheKey) -> Eviction:
-        """Drop an unpinned READY entry now (`on_evict` sees reason "released")."""
+        """Drop an unpinned READY entry now and free its slot (reason "released")."""
         with self._lock:
             entry = self._get(key, EntryState.READY, "release (a failed prefill uses abort)")
             if entry.pins:
                 raise ValueError(f"cannot release {key}: pinned {entry.pins} times (state {entry.state.name})")
             eviction = self._remove(entry, "released")
-        self._notify(eviction, free_slot=True)
-        return eviction
+            heapq.heappush(self._free, eviction.slot)
+            return eviction
 
-    def evict_one(self) -> Eviction | None:
-        """Evict the best victim (expired first, then LRU); None when every entry is RESERVED or pinned."""
+    def evict_one(self, keep: Collection[CacheKey] = ()) -> Eviction | None:
+        """Evict the best victim as `allocate` would and free its slot; None when every entry is
+        RESERVED or pinned. The slot's old data is the caller's to copy before it allocates again."""
         with self._lock:
-            picked = self._pick_victim()
+            picked = self._pick_victim(keep)
             if picked is None:
                 return None
             eviction = self._remove(*picked)
-        self._notify(eviction, free_slot=True)
-        return eviction
+            heapq.heappush(self._free, eviction.slot)
+            return eviction
 
     def num_free_slots(self) -> int:
         with self._lock:
@@ -285,14 +292,21 @@ class KVCacheManager:
         entry.pins += int(pin)
         return entry.lease()
 
-    def _pick_victim(self) -> tuple[_Entry, str] | None:
-        """The entry to evict and why: expired ones first (earliest deadline first), then the LRU one."""
+    def _pick_victim(self, keep: Collection[CacheKey]) -> tuple[_Entry, str] | None:
+        """The entry to evict and why: entries not in `keep` first (expired ones by earliest deadline,
+        then the LRU one), then the LRU one of `keep`."""
         now = self._clock()
         candidates = [e for e in self._entries.values() if e.state is EntryState.READY and e.pins == 0]
         if not candidates:
             return None
-        victim = min(candidates, key=lambda e: (0, e.deadline) if e.deadline <= now else (1, e.last_use))
-        return victim, "expired" if victim.deadline <= now else "lru"
+
+        def order(e: _Entry) -> tuple[int, float]:
+            if e.key in keep:
+                return 2, e.last_use
+            return (0, e.deadline) if e.deadline <= now else (1, e.last_use)
+
+        victim = min(candidates, key=order)
+        return victim, ("expired", "lru", "kept")[order(victim)[0]]
 
     def _add(self, entry: _Entry) -> None:
         self._entries[entry.key] = entry
@@ -313,17 +327,3 @@ class KVCacheManager:
         keys.discard(entry.key)
         if not keys:
             del self._by_user[entry.key.user_id]
-
-    def _notify(self, eviction: Eviction | None, free_slot: bool = False) -> None:
-        """Run the eviction hook outside the lock, then (if asked) hand the slot back."""
-        if eviction is None:
-            return
-        try:
-            if self.on_evict is not None:
-                self.on_evict(eviction.key, eviction.slot, eviction.was_used, eviction.reason)
-        except Exception:
-            logger.exception("on_evict failed for %s in slot %d", eviction.key, eviction.slot)
-        finally:
-            if free_slot:
-                with self._lock:
-                    heapq.heappush(self._free, eviction.slot)

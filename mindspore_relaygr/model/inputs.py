@@ -14,6 +14,7 @@ import numpy as np
 
 from mindspore_relaygr.config import ModelConfig
 from mindspore_relaygr.errors import InvalidRequest
+from mindspore_relaygr.history import History
 
 HISTORY_FIELDS = ("item_ids", "action_ids", "timestamps")
 MAX_ABS_TIMESTAMP = 2**40  # the (hi, lo) fp32 split is exact below this
@@ -25,24 +26,6 @@ def split_timestamps(timestamps: np.ndarray) -> np.ndarray:
     t = np.asarray(timestamps, dtype=np.int64)
     hi = np.floor_divide(t, TIME_HI_UNIT)
     return np.stack([hi, t - hi * TIME_HI_UNIT], axis=-1).astype(np.float32)
-
-
-@dataclass(frozen=True)
-class History:
-    """A validated behaviour history: equal-length int arrays, oldest event first."""
-
-    item_ids: np.ndarray  # int32 [n]
-    action_ids: np.ndarray  # int32 [n]
-    timestamps: np.ndarray  # int64 [n], unix seconds
-    user_features: np.ndarray | None = None  # int32 [num user features]
-
-    def __len__(self) -> int:
-        return int(self.item_ids.shape[0])
-
-    def slice(self, start: int, stop: int | None = None) -> History:
-        """Events [start, stop); the user features stay with the history."""
-        sl = slice(start, stop)
-        return History(self.item_ids[sl], self.action_ids[sl], self.timestamps[sl], self.user_features)
 
 
 def bucket_for(n: int, buckets: Sequence[int], what: str) -> int:

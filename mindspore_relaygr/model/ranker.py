@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from mindspore_relaygr.cache.host_arena import HostArena, shared_arena
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.errors import InvalidRequest
 from mindspore_relaygr.model.call_stats import GraphCallStats
+from mindspore_relaygr.model.host_arena import HostArena, shared_arena
 from mindspore_relaygr.model.inputs import (
     History,
     TokenBatch,

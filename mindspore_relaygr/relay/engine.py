@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
@@ -29,6 +29,7 @@ from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.model.inputs import History, validate_candidates, validate_history
 from mindspore_relaygr.relay.audit import TOLERANCE as AUDIT_TOLERANCE
 from mindspore_relaygr.relay.audit import ExactnessAudit
+from mindspore_relaygr.relay.device_model import DeviceModel
 from mindspore_relaygr.relay.executor import AUDIT, PREFILL, RANK, DeviceExecutor, ExecutorClosed
 from mindspore_relaygr.relay.latency import LatencyModel
 from mindspore_relaygr.relay.ledger import EXTEND, PENDING, PREFETCH, Relay, RelayLedger
@@ -40,7 +41,7 @@ from mindspore_relaygr.relay.types import PreinferResult, RankResult
 logger = logging.getLogger(__name__)
 
 
-def engine_chunk_bucket(model: Any, config: RelayGRConfig) -> int:
+def engine_chunk_bucket(model: DeviceModel, config: RelayGRConfig) -> int:
     """Largest prefix-graph chunk the engine uses: a prefill chunk or an incremental extension."""
     from mindspore_relaygr.model.inputs import bucket_for
 
@@ -51,7 +52,9 @@ def engine_chunk_bucket(model: Any, config: RelayGRConfig) -> int:
 class RelayEngine:
     """Pre-infer and rank for one model instance; thread-safe for any number of callers."""
 
-    def __init__(self, config: RelayGRConfig, model: Any, latency: LatencyModel, instance_id: str = "i0") -> None:
+    def __init__(self, config: RelayGRConfig, model: DeviceModel, latency: LatencyModel,
+                 instance_id: str = "i0", clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: what the relays' TTL (relay.ready_ttl_ms) is measured on."""
         self.config, self.model, self.latency, self.instance_id = config, model, latency, instance_id
         cfg = config
         self._user_tokens = 1 if cfg.model.user_feature_sizes else 0
@@ -69,8 +72,7 @@ class RelayEngine:
         self.cache = RelayCache(model, manager, expander, model_version=model.version,
                                 max_prefix_len=model.layout.slot_len - self._user_tokens,
                                 reload_is_cheaper=self._reload_is_cheaper)
-        self.ledger = RelayLedger()
-        self.cache.on_evicted = self._on_evicted
+        self.ledger = RelayLedger(cfg.relay.ready_ttl_ms, clock)
         self.trigger = SequenceAwareTrigger(cfg.trigger, latency, model.layout.slot_bytes, model.num_slots,
                                             user_tokens=self._user_tokens)
         self._lock = threading.Lock()  # the counters below
@@ -93,7 +95,8 @@ class RelayEngine:
         return measured
 
     @classmethod
-    def from_config(cls, config: RelayGRConfig, instance_id: str = "i0", model: Any = None) -> RelayEngine:
+    def from_config(cls, config: RelayGRConfig, instance_id: str = "i0",
+                    model: DeviceModel | None = None) -> RelayEngine:
         """Build the model, warm up every bucket and calibrate (or load) the latency model."""
         from mindspore_relaygr.model import RelayGRModel
         from mindspore_relaygr.relay.calibrate import calibrate_latency
@@ -131,8 +134,10 @@ class RelayEngine:
         # rank's suffix: no new work for a returning user whose history grew a little. When they do
         # not, a cached prefix is extended by just those events if that beats a fresh prefill.
         usable = found is not None and len(hist) - found.prefix_len <= self.config.model.max_suffix_len
+        # A prefix whose rank may still come is never rewritten in place: its rank may carry the older
+        # history (or this history was sent by someone else under the user's id). A fresh prefill then.
         extend = (not usable and found is not None and tier in ("device", "dram")
-                  and self._extension_pays(found, tier, len(hist)))
+                  and found not in self.ledger.awaited() and self._extension_pays(found, tier, len(hist)))
         num_candidates = num_candidates or self.config.model.max_candidates
         with self.ledger.lock:
             relays = [self.ledger.get(key)] + ([self.ledger.get(found)] if usable or extend else [])
@@ -161,7 +166,7 @@ class RelayEngine:
 
     def _submit(self, relay: Relay, steps: Iterator[Any], label: str) -> None:
         """Queue a relay's device work (ledger lock held, so nobody sees the relay without its future)."""
-        relay.future = self.executor.submit_steps(steps, PREFILL, label=label)
+        relay.future = self.executor.submit_steps(self._settling(steps), PREFILL, label=label)
         relay.future.add_done_callback(lambda f, r=relay: self._relay_done(r, f))
 
     def _relay_done(self, relay: Relay, future: Future) -> None:
@@ -179,7 +184,7 @@ class RelayEngine:
         """Device thread: reserve a slot and prefill in chunks, yielding between chunks (and after
         a spill: copying a long evicted prefix to DRAM costs about as much as a chunk)."""
         spills = self.cache.spills
-        lease = self.cache.reserve(relay.user_id, hist)
+        lease = self.cache.reserve(relay.user_id, hist, keep=self.ledger.awaited())
         if lease is None:
             self.ledger.drop(relay.key, "no_slot")
             self.work.prefill_no_slot += 1
@@ -199,7 +204,7 @@ class RelayEngine:
         except BaseException:
             self.cache.abort(lease)
             raise
-        self.cache.commit(lease, hist)
+        self.cache.commit(lease, hist, keep=self.ledger.awaited())
         self.ledger.ready(relay.key)
         self.work.prefills += 1
 
@@ -213,12 +218,11 @@ class RelayEngine:
                 self.ledger.drop(relay.key, "no_slot")
                 self.work.prefill_no_slot += 1
                 return
-        lease = self.cache.reopen(found, hist)
-        if lease is None:  # evicted, pinned or superseded meanwhile
+        lease = self.cache.reopen(found, hist, keep=self.ledger.awaited())
+        if lease is None:  # evicted, pinned, superseded or awaited meanwhile
             self.ledger.drop(relay.key, "no_slot")
             self.work.prefill_no_slot += 1
             return
-        self.ledger.on_evicted(found, superseded=True)  # a READY relay of the shorter prefix, never used
         try:
             for _ in self.cache.extension_chunks(lease.slot, hist, found.prefix_len,
                                                  self.config.trigger.prefill_chunk_len):
@@ -228,7 +232,7 @@ class RelayEngine:
         except BaseException:
             self.cache.abort(lease)
             raise
-        self.cache.commit(lease, hist)
+        self.cache.commit(lease, hist, keep=self.ledger.awaited())
         self.ledger.ready(relay.key)
         self.work.extensions += 1
 
@@ -254,7 +258,7 @@ class RelayEngine:
     def _promotion(self, relay: Relay, key: CacheKey) -> Generator[Any, None, bool]:
         """Device thread: copy `key` back from DRAM one layer per step (each a step done of `relay`; a spill
         that makes room is not); returns whether it got a slot."""
-        steps = self.cache.promote_steps(key)
+        steps = self.cache.promote_steps(key, keep=self.ledger.awaited())
         while True:
             try:
                 done = next(steps)
@@ -281,8 +285,24 @@ class RelayEngine:
         nbytes = self.model.layout.token_bytes * (key.prefix_len + self._user_tokens)
         return [nbytes / self.copy_bytes_per_s * 1e3 / layers] * layers
 
-    def _on_evicted(self, key: CacheKey, reason: str) -> None:
-        self.ledger.on_evicted(key, superseded=reason == "superseded")
+    def _settling(self, steps: Iterator[Any]) -> Generator[Any, None, Any]:
+        """A relay's device steps, settling what each step dropped from the cache (its return value kept)."""
+        try:
+            while True:
+                try:
+                    step = next(steps)
+                except StopIteration as stop:
+                    return stop.value
+                self._settle()
+                yield step
+        finally:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Device thread: relays whose device entries the cache dropped leave the ledger (a READY relay
+        dropped before its rank came is a wasted prefill)."""
+        for key in self.cache.take_dropped():
+            self.ledger.on_evicted(key)
 
     # ------------------------------------------------------------------ rank
     def rank(self, user_id: str, history: Any, candidate_ids: Any, top_k: int | None = None) -> RankResult:
@@ -299,7 +319,10 @@ class RelayEngine:
         def on_device():
             start = time.perf_counter()
             timing["queue"] = (start - submitted) * 1e3
-            out = self._rank_on_device(user_id, hist, cands, waited, t0)
+            try:
+                out = self._rank_on_device(user_id, hist, cands, waited, t0)
+            finally:
+                self._settle()
             timing["compute"] = (time.perf_counter() - start) * 1e3
             return out
 
@@ -387,7 +410,7 @@ class RelayEngine:
         """Device thread: cache tiers first, then the miss policy. Returns (scores, tier, events ranked on)."""
         if not self.config.relay.enabled:
             return self._rank_truncated(hist, cands, self.config.relay.max_online_len, "bypass")
-        hit = self.cache.acquire(user_id, hist)
+        hit = self.cache.acquire(user_id, hist, keep=self.ledger.awaited())
         if hit is None:
             return self._rank_miss(hist, cands, arrived)
         self.ledger.consume(hit.key)
@@ -421,6 +444,7 @@ class RelayEngine:
                          "(> %g); entry dropped", key, diff, AUDIT_TOLERANCE)
             if not self.cache.drop(key, "audit"):
                 logger.error("exactness audit: could not drop %s (pinned or being written)", key)
+            self._settle()
 
     def _extend(self, hit: CacheHit, hist: History, cands: np.ndarray) -> CacheHit | None:
         """Compute the events after the cached prefix in its slot, in chunks, when that and the rank
@@ -432,7 +456,7 @@ class RelayEngine:
                 or cost >= self._predicted_miss_ms(hist, cands)):
             self.cache.release(hit)
             return None
-        steps = self.cache.extend_steps(hit, hist, self.config.trigger.prefill_chunk_len)
+        steps = self.cache.extend_steps(hit, hist, self.config.trigger.prefill_chunk_len, keep=self.ledger.awaited())
         while True:
             try:
                 next(steps)
@@ -522,7 +546,13 @@ class RelayEngine:
 
     def flush(self) -> None:
         """Drop every cached prefix (device and DRAM); in-flight prefills finish normally."""
-        self.executor.submit(self.cache.flush, label="flush").result()
+        def flush() -> None:
+            try:
+                self.cache.flush()
+            finally:
+                self._settle()
+
+        self.executor.submit(flush, label="flush").result()
 
     def close(self) -> None:
         self.ready = False

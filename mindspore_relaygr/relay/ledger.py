@@ -5,18 +5,27 @@ trigger, an extension of the user's cached shorter prefix by the events since (i
 a DRAM copy brought back ahead of its rank (a prefetch). Its states:
 
     ADMITTED -> PREFILLING -> READY -> CONSUMED
+                                   \\-> EXPIRED
          \\__________\\__________\\____-> DROPPED
 
-A relay leaves the ledger when it is consumed (a rank used it) or dropped (no slot, the prefill
-failed, or its entry was evicted before any rank used it). A wrong transition raises with the
-current state in the message. The trigger's footprint, the engine's waits and the metrics read the
-ledger; nothing else keeps a copy of this state. Plain Python, thread-safe (one lock).
+A relay leaves the ledger when it is consumed (a rank used it), expires (READY, and its rank has not
+come within `ready_ttl_ms`: the user left after retrieval, the rank was refused or went elsewhere)
+or is dropped (no slot, the prefill failed, or its entry was evicted before any rank used it: under
+slot pressure when nothing else could go, by a flush or by the exactness audit). Most pre-infers of
+a real cascade may never see their rank: expiry is what keeps such orphans from holding the
+trigger's footprint for ever. A READY relay inside its TTL is *awaited*: the cache evicts its entry
+only when nothing else can go (`awaited()` is what the engine hands the cache for that). Expiry is
+evaluated lazily against the clock, under the lock, by every query. A wrong transition raises with
+the current state in the message. The trigger's footprint, the engine's waits and the metrics read
+the ledger; nothing else keeps a copy of this state. Plain Python, thread-safe (one lock).
 """
 
 from __future__ import annotations
 
 import enum
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -24,7 +33,7 @@ from mindspore_relaygr.cache.keys import CacheKey
 
 PREFILL, PREFETCH, EXTEND = "prefill", "prefetch", "extend"  # relay kinds; only prefills take a new slot,
 KINDS = (PREFILL, PREFETCH, EXTEND)  # so only they count in the trigger's footprint
-DROP_REASONS = ("no_slot", "failed", "evicted", "superseded")
+DROP_REASONS = ("no_slot", "failed", "evicted")
 
 
 class RelayState(enum.Enum):
@@ -32,13 +41,14 @@ class RelayState(enum.Enum):
     PREFILLING = "prefilling"  # its slot is reserved and being written
     READY = "ready"  # the slot holds the prefix; no rank used it yet
     CONSUMED = "consumed"
+    EXPIRED = "expired"  # READY, but no rank came within the TTL
     DROPPED = "dropped"
 
 
 _NEXT = {
     RelayState.ADMITTED: (RelayState.PREFILLING, RelayState.DROPPED),
     RelayState.PREFILLING: (RelayState.READY, RelayState.DROPPED),
-    RelayState.READY: (RelayState.CONSUMED, RelayState.DROPPED),
+    RelayState.READY: (RelayState.CONSUMED, RelayState.EXPIRED, RelayState.DROPPED),
 }
 LIVE = (RelayState.ADMITTED, RelayState.PREFILLING, RelayState.READY)
 PENDING = (RelayState.ADMITTED, RelayState.PREFILLING)
@@ -55,6 +65,7 @@ class Relay:
     state: RelayState = RelayState.ADMITTED
     steps_done: int = 0
     future: Future = field(default_factory=Future)
+    expires_at: float | None = None  # READY: the clock time its rank is waited for until
 
     def remaining_ms(self) -> float:
         return sum(self.step_ms[self.steps_done:])
@@ -62,7 +73,8 @@ class Relay:
 
 @dataclass(frozen=True)
 class Footprint:
-    """Admitted prefills neither consumed nor dropped (`inflight`), and those not yet READY (`pending`)."""
+    """Admitted prefills neither consumed, expired nor dropped (`inflight`), and those not yet READY
+    (`pending`)."""
 
     inflight: int
     pending: int
@@ -74,21 +86,27 @@ class LedgerStats:
     pending_relays: int
     admitted: int
     consumed: int
+    expired: int  # READY relays whose rank did not come within the TTL (orphans)
     dropped_no_slot: int
     dropped_failed: int
-    dropped_evicted: int  # READY relays evicted before any rank used them: wasted prefills
-    dropped_superseded: int
+    dropped_evicted: int  # READY relays evicted inside their TTL, before any rank used them: wasted prefills
 
 
 class RelayLedger:
     """Relays by cache key (one live relay per key), indexed by user."""
 
-    def __init__(self) -> None:
+    def __init__(self, ready_ttl_ms: float, clock: Callable[[], float] = time.monotonic) -> None:
+        """`ready_ttl_ms`: how long a READY relay waits for its rank before it expires."""
+        if not ready_ttl_ms > 0:
+            raise ValueError(f"ready_ttl_ms={ready_ttl_ms!r}: must be > 0")
+        self.ready_ttl_s = ready_ttl_ms / 1e3
+        self._clock = clock
         self.lock = threading.RLock()  # callers may hold it across a trigger decision and `admit`
         self._relays: dict[CacheKey, Relay] = {}
         self._by_user: dict[str, dict[CacheKey, Relay]] = {}
         self._admitted = 0
         self._consumed = 0
+        self._expired = 0
         self._dropped = dict.fromkeys(DROP_REASONS, 0)
 
     # ---- transitions ----
@@ -120,13 +138,17 @@ class RelayLedger:
             relay.steps_done += 1
 
     def ready(self, key: CacheKey) -> None:
-        """The relay's slot holds its prefix."""
+        """The relay's slot holds its prefix; its rank is awaited for `ready_ttl_ms` from now."""
         with self.lock:
-            self._move(key, RelayState.READY).steps_done = len(self._relays[key].step_ms)
+            relay = self._move(key, RelayState.READY)
+            relay.steps_done = len(relay.step_ms)
+            relay.expires_at = self._clock() + self.ready_ttl_s
 
     def consume(self, key: CacheKey) -> bool:
-        """A rank used `key`: a READY relay of it is consumed (True); no relay of it is a no-op (False)."""
+        """A rank used `key`: a READY relay of it is consumed (True); no relay of it (or an expired one)
+        is a no-op (False)."""
         with self.lock:
+            self._expire_due()
             relay = self._relays.get(key)
             if relay is None or relay.state is not RelayState.READY:
                 return False
@@ -142,38 +164,26 @@ class RelayLedger:
             self._finish(self._move_check(key, RelayState.DROPPED), RelayState.DROPPED)
             self._dropped[reason] += 1
 
-    def on_evicted(self, key: CacheKey, superseded: bool = False) -> bool:
-        """The cache dropped `key`'s device entry: a READY relay of it is dropped unused (True),
-        counted as superseded (the same user's longer history replaced it) or evicted (wasted)."""
+    def on_evicted(self, key: CacheKey) -> bool:
+        """The cache dropped `key`'s device entry: a READY relay of it is dropped unused (True)."""
         with self.lock:
             relay = self._relays.get(key)
             if relay is None or relay.state is not RelayState.READY:
                 return False
             self._finish(relay, RelayState.DROPPED)
-            self._dropped["superseded" if superseded else "evicted"] += 1
+            self._dropped["evicted"] += 1
             return True
-
-    def rekey(self, old: CacheKey, new: CacheKey) -> None:
-        """A READY relay's entry was extended in place: it now relays `new` (same user)."""
-        with self.lock:
-            relay = self._relays.get(old)
-            if relay is None:
-                return
-            if relay.state is not RelayState.READY or new in self._relays or new.user_id != old.user_id:
-                raise ValueError(f"cannot rekey {old} (state {relay.state.name}) to {new}")
-            del self._relays[old], self._by_user[old.user_id][old]
-            relay.key = new
-            self._relays[new] = relay
-            self._by_user[new.user_id][new] = relay
 
     # ---- queries ----
     def get(self, key: CacheKey) -> Relay | None:
         with self.lock:
+            self._expire_due()
             return self._relays.get(key)
 
     def of_user(self, user_id: str) -> list[Relay]:
         """The user's live relays, longest prefix first."""
         with self.lock:
+            self._expire_due()
             relays = list(self._by_user.get(user_id, {}).values())
         return sorted(relays, key=lambda r: -r.key.prefix_len)
 
@@ -182,19 +192,36 @@ class RelayLedger:
         with self.lock:
             return [r for r in self._relays.values() if r.state in PENDING]
 
-    def footprint(self) -> Footprint:
-        """What the trigger bounds: admitted prefills only (a prefetch reuses a copy the trigger never admitted)."""
+    def awaited(self) -> frozenset[CacheKey]:
+        """Keys of the READY relays inside their TTL: their rank may still come, so their device entries
+        are the last to be evicted and are never rewritten in place."""
         with self.lock:
+            self._expire_due()
+            return frozenset(k for k, r in self._relays.items() if r.state is RelayState.READY)
+
+    def footprint(self) -> Footprint:
+        """What the trigger bounds: admitted prefills only (a prefetch reuses a copy the trigger never
+        admitted), expired ones no longer."""
+        with self.lock:
+            self._expire_due()
             prefills = [r for r in self._relays.values() if r.kind == PREFILL]
             return Footprint(len(prefills), sum(r.state in PENDING for r in prefills))
 
     def stats(self) -> LedgerStats:
         with self.lock:
             fp = self.footprint()
-            return LedgerStats(fp.inflight, fp.pending, self._admitted, self._consumed,
+            return LedgerStats(fp.inflight, fp.pending, self._admitted, self._consumed, self._expired,
                                *(self._dropped[r] for r in DROP_REASONS))
 
     # ---- internals ----
+    def _expire_due(self) -> None:
+        """READY relays past their TTL expire (lock held)."""
+        now = self._clock()
+        due = [r for r in self._relays.values() if r.state is RelayState.READY and r.expires_at <= now]
+        for relay in due:
+            self._finish(relay, RelayState.EXPIRED)
+            self._expired += 1
+
     def _get(self, key: CacheKey, action: str) -> Relay:
         relay = self._relays.get(key)
         if relay is None:

@@ -78,11 +78,13 @@ class EngineStats:
 
     def counters(self) -> dict[str, int]:
         """Flat monotonic counters for diffing around a benchmark run: the work counts, `rank_<tier>`,
-        `preinfer_<reason>`, `wasted_prefills` and `extended_events` (events computed by extensions)."""
+        `preinfer_<reason>`, `wasted_prefills`, `expired_relays` (READY relays whose rank never came) and
+        `extended_events` (events computed by extensions)."""
         out = {k: v for k, v in asdict(self.work).items()}
         out.update({f"rank_{k}": v for k, v in asdict(self.ranks).items()})
         out.update({f"preinfer_{k}": v for k, v in self.preinfers.items()})
         out["wasted_prefills"] = self.relays.dropped_evicted
+        out["expired_relays"] = self.relays.expired
         out["extended_events"] = self.cache.extended_tokens
         return out
 

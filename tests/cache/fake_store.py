@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mindspore_relaygr.model.inputs import History
+from mindspore_relaygr.history import History
 
 
 def events(history: History) -> list[tuple[int, int, int]]:

@@ -7,7 +7,7 @@ import pytest
 
 from mindspore_relaygr.cache import DRAMExpander, KVCacheManager
 from mindspore_relaygr.cache.hierarchy import SPILLED, RelayCache
-from mindspore_relaygr.model.inputs import History
+from mindspore_relaygr.history import History
 from tests.cache.fake_store import FakeStore
 
 SLOT_BYTES = 1000
@@ -278,3 +278,36 @@ def test_locate_picks_the_longest_cached_prefix_across_tiers():
     prefill(cache, "u", h)  # does not supersede the longer DRAM copy
     assert cache.locate("u", grow(longer, rng, 2)) == ("dram", cache.key_for("u", longer))
     assert cache.locate("u", grow(h, rng, 2)) == ("device", cache.key_for("u", h))
+
+
+def test_kept_keys_are_evicted_last_never_superseded_nor_reopened_and_drops_are_reported():
+    """The caller's `keep` (prefixes whose rank may still come) is honoured by every path that frees a
+    slot or rewrites an entry, and every READY entry the cache drops is listed once by take_dropped."""
+    cache, _, clock = build(num_slots=2)
+    rng = np.random.default_rng(3)
+    a = make_history(rng, 20)
+    a_key = prefill(cache, "a", a)
+    clock.now = 0.1
+    b_key = prefill(cache, "b", make_history(rng, 20))
+    keep = {a_key}
+    lease = cache.reserve("c", make_history(rng, 20), keep=keep)  # a is the LRU entry, but kept
+    assert lease is not None and cache.manager.peek(a_key) is not None and cache.manager.peek(b_key) is None
+    assert cache.take_dropped() == [b_key] and cache.take_dropped() == []
+    assert cache.expander.contains(b_key)  # spilled on its way out (policy "always")
+    cache.abort(lease)
+
+    longer = grow(a, rng, 8)
+    assert cache.reopen(a_key, longer, keep=keep) is None  # a's rank may carry the 20 events
+    lease = cache.reserve("a", longer, keep=keep)
+    cache.store.prefill(lease.slot, longer)
+    cache.commit(lease, longer, keep=keep)
+    assert cache.manager.peek(a_key) is not None and cache.superseded == 0  # kept beside the longer one
+    assert cache.take_dropped() == []
+
+    cache.drop(lease.key, "test")  # once nobody waits for a's 20 events, a longer history supersedes them
+    assert cache.take_dropped() == [lease.key]
+    lease = cache.reserve("a", longer)
+    cache.store.prefill(lease.slot, longer)
+    cache.commit(lease, longer)
+    assert cache.manager.peek(a_key) is None and cache.superseded == 1
+    assert cache.take_dropped() == [a_key]

@@ -110,7 +110,7 @@ class ModelMachine(RuleBasedStateMachine):
 
     @rule()
     def evict(self):
-        self.cache.manager.evict_one()
+        self.cache.evict_one()
 
     @invariant()
     def budget(self):

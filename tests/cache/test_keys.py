@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mindspore_relaygr.cache import CacheKey, prefix_hash
-from mindspore_relaygr.model.inputs import History
+from mindspore_relaygr.history import History
 
 
 def make_history(n: int = 6, user_features: tuple[int, ...] | None = (3, 1)) -> History:

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mindspore_relaygr.cache import CacheKey, EntryState, Eviction, KVCacheManager, SlotLease
-from mindspore_relaygr.model.inputs import History
+from mindspore_relaygr.cache.manager import Allocation
+from mindspore_relaygr.history import History
 
 SLOT_BYTES = 100
 LIFETIME_MS = 1000.0
@@ -27,16 +28,71 @@ def key(name: str) -> CacheKey:
     return CacheKey(name, "v1", 1, "h-" + name)
 
 
-def make(num_slots: int = 2) -> tuple[KVCacheManager, FakeClock, list[Eviction]]:
-    clock, seen = FakeClock(), []
-    mgr = KVCacheManager(num_slots, SLOT_BYTES, LIFETIME_MS, clock=clock)
-    mgr.on_evict = lambda k, slot, used, reason: seen.append(Eviction(k, slot, used, reason))
-    return mgr, clock, seen
+class RecordingManager(KVCacheManager):
+    """The manager, with every eviction it returns (from allocate, release, evict_one) in `seen`, and
+    `allocate` answering the lease alone."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[Eviction] = []
+
+    def allocate(self, k, lifetime_ms=None, keep=()):
+        allocation = super().allocate(k, lifetime_ms, keep)
+        if allocation is None:
+            return None
+        if allocation.evicted is not None:
+            self.seen.append(allocation.evicted)
+        return allocation.lease
+
+    def release(self, k):
+        self.seen.append(super().release(k))
+        return self.seen[-1]
+
+    def evict_one(self, keep=()):
+        eviction = super().evict_one(keep)
+        if eviction is not None:
+            self.seen.append(eviction)
+        return eviction
+
+
+def make(num_slots: int = 2) -> tuple[RecordingManager, FakeClock, list[Eviction]]:
+    clock = FakeClock()
+    mgr = RecordingManager(num_slots, SLOT_BYTES, LIFETIME_MS, clock=clock)
+    return mgr, clock, mgr.seen
 
 
 def ready(mgr: KVCacheManager, name: str) -> SlotLease:
     mgr.allocate(key(name))
     return mgr.mark_ready(key(name))
+
+
+def test_allocate_returns_the_entry_it_evicted_with_the_new_lease() -> None:
+    mgr = KVCacheManager(1, SLOT_BYTES, LIFETIME_MS, clock=FakeClock())
+    first = mgr.allocate(key("a"))
+    assert first == Allocation(SlotLease(key("a"), 0, EntryState.RESERVED, 1), None)
+    mgr.mark_ready(key("a"))
+    assert mgr.allocate(key("b")) == Allocation(SlotLease(key("b"), 0, EntryState.RESERVED, 1),
+                                                Eviction(key("a"), 0, False, "lru"))
+
+
+def test_kept_entries_go_only_when_nothing_else_can() -> None:
+    mgr, clock, seen = make(3)
+    ready(mgr, "awaited")  # least recently used and long expired, but its rank may still come
+    clock.now = 1.0
+    ready(mgr, "consumed")
+    clock.now = 1.5
+    ready(mgr, "orphan")
+    clock.now = 100.0
+    keep = {key("awaited")}
+    assert mgr.allocate(key("n1"), keep=keep).slot == 1
+    assert mgr.allocate(key("n2"), keep=keep).slot == 2
+    assert [e.key for e in seen] == [key("consumed"), key("orphan")]
+    mgr.mark_ready(key("n1"))
+    mgr.mark_ready(key("n2"))
+    mgr.pin(key("n1"))
+    mgr.pin(key("n2"))
+    assert mgr.evict_one(keep) == Eviction(key("awaited"), 0, False, "kept")  # nothing else can go
+    assert mgr.stats().evictions_kept == 1
 
 
 def test_allocate_hands_out_lowest_free_slot_and_reuses_released_ones() -> None:
@@ -187,21 +243,25 @@ class ManagerMachine(RuleBasedStateMachine):
                 getattr(self.mgr, method)(*args)
         return ok
 
-    def check_evictions(self) -> None:
+    def check_evictions(self, keep: frozenset = frozenset()) -> None:
         expired = {k for k, m in self.model.items() if m.last_use + m.lifetime_s <= self.clock.now}
         for ev in self.seen:
             assert self.evictable(ev.key), f"evicted a RESERVED or pinned entry: {ev}"
-            assert (ev.reason == "expired") == (ev.key in expired)
-            assert ev.reason != "lru" or not any(self.evictable(k) for k in expired)
+            others = [k for k in self.model if self.evictable(k) and k not in keep]
+            assert (ev.reason == "kept") == (ev.key in keep)
+            assert ev.reason != "kept" or not others, "evicted a kept entry while another could go"
+            assert ev.reason == "kept" or (ev.reason == "expired") == (ev.key in expired)
+            assert ev.reason != "lru" or not any(k in expired for k in others)
             del self.model[ev.key]
         self.seen.clear()
 
-    @rule(name=NAMES, lifetime_ms=st.sampled_from([None, 300.0, 5000.0]))
-    def allocate(self, name: str, lifetime_ms: float | None) -> None:
+    @rule(name=NAMES, lifetime_ms=st.sampled_from([None, 300.0, 5000.0]),
+          keep=st.frozensets(NAMES.map(key), max_size=3))
+    def allocate(self, name: str, lifetime_ms: float | None, keep: frozenset) -> None:
         k = key(name)
-        if not self.expect(k not in self.model, "allocate", k, lifetime_ms):
+        if not self.expect(k not in self.model, "allocate", k, lifetime_ms, keep):
             return
-        self.check_evictions()
+        self.check_evictions(keep)
         if self.result is None:
             assert len(self.model) == 3 and not any(self.evictable(x) for x in self.model)
             return
@@ -250,12 +310,12 @@ class ManagerMachine(RuleBasedStateMachine):
     def advance(self, dt: float) -> None:
         self.clock.now += dt
 
-    @rule()
-    def evict_one(self) -> None:
+    @rule(keep=st.frozensets(NAMES.map(key), max_size=3))
+    def evict_one(self, keep: frozenset) -> None:
         had_victim = any(self.evictable(k) for k in self.model)
-        eviction = self.mgr.evict_one()
+        eviction = self.mgr.evict_one(keep)
         assert (eviction is not None) == had_victim and self.seen == ([eviction] if eviction else [])
-        self.check_evictions()
+        self.check_evictions(keep)
 
     @invariant()
     def matches_model(self) -> None:

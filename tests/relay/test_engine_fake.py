@@ -99,10 +99,86 @@ def test_a_longer_history_of_the_same_user_supersedes_the_prefix_it_extends(make
     full = hist(3, 110)
     short = first(full, 40)
     relay(eng, "u", short)
+    assert eng.rank("u", short, CANDS).cache == "device"  # its rank came: nobody waits for it any more
     relay(eng, "u", full)  # 70 more events: a new prefill
     stats = eng.stats()
-    assert stats.cache.superseded == 1 and stats.relays.dropped_superseded == 1
+    assert stats.cache.superseded == 1 and stats.relays.consumed == 1
     assert stats.cache.device.num_ready == 1 and stats.cache.dram.num_entries == 0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def clocked_engine(*overrides):
+    cfg = load_config(CONFIGS / "tiny.yaml", [*BASE, "relay.ready_ttl_ms=1000", *overrides])
+    clock = Clock()
+    return RelayEngine(cfg, FakeModel(cfg), latency(), clock=clock), clock
+
+
+def test_orphan_preinfers_expire_and_the_relay_recovers_without_a_flush():
+    """Pre-infers whose rank never comes (10x the slots) held the trigger's footprint for ever: every
+    later pre-infer was refused `footprint` and every rank missed until a flush."""
+    eng, clock = clocked_engine()
+    try:
+        for i in range(10 * eng.model.num_slots):
+            eng.preinfer(f"gone{i}", hist(100 + i), num_candidates=10)  # the user left after retrieval
+            eng.wait_prefills(10)
+        assert eng.preinfer("new", hist(7), num_candidates=10).reason == "footprint"  # inside the TTL
+        clock.now += 1.001  # one relay.ready_ttl_ms later
+        assert eng.preinfer("new", hist(7), num_candidates=10).admitted
+        eng.wait_prefills(10)
+        res = eng.rank("new", hist(7), CANDS)
+        assert res.cache == "device"
+        np.testing.assert_array_equal(res.scores, eng.model.rank_full(hist(7), CANDS))
+        stats = eng.stats()
+        assert stats.relays.expired == eng.model.num_slots and stats.relays.inflight_relays == 0
+        assert stats.relays.dropped_evicted == 0  # expired orphans gave their slots up, no awaited one went
+    finally:
+        eng.close()
+
+
+def test_eviction_spares_a_ready_relay_whose_rank_has_not_come():
+    """A READY relay awaiting its rank was evicted (a wasted prefill) while consumed entries were there."""
+    eng, clock = clocked_engine("expander.enable_prefetch=false")
+    try:
+        relay(eng, "waiting", hist(1))  # the least recently used entry, but its rank is still to come
+        for i in range(3):
+            clock.now += 0.01
+            relay(eng, f"done{i}", hist(10 + i))
+            assert eng.rank(f"done{i}", hist(10 + i), CANDS).cache == "device"
+        relay(eng, "next", hist(20))  # the pool is full: one entry must go
+        assert eng.rank("waiting", hist(1), CANDS).cache == "device"
+        stats = eng.stats()
+        assert stats.relays.dropped_evicted == 0 and stats.cache.device.evictions_kept == 0
+        assert eng.rank("done0", hist(10), CANDS).cache == "dram"  # the consumed LRU entry went instead
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("sender", ["someone else", "the user, history grown"])
+def test_a_preinfer_does_not_rewrite_a_prefix_whose_rank_may_still_come(make_engine, sender):
+    """A pre-infer under A's id (A's real prefix + invented events, or A's own newer pre-infer racing
+    A's rank) was admitted as an in-place extension of A's cached prefix: A's next rank missed."""
+    eng = make_engine()
+    grown = hist(5, 110)  # A's real history, 70 events on from A's pre-infer
+    a_prefix = first(grown, 40)
+    if sender == "someone else":
+        invented = hist(6, 110)
+        grown = {k: (v if k == "user_features" else np.r_[a_prefix[k], invented[k][40:]]) for k, v in a_prefix.items()}
+        grown["timestamps"] = np.r_[a_prefix["timestamps"], a_prefix["timestamps"][-1] + np.arange(1, 71)]
+    relay(eng, "A", a_prefix)
+    relay(eng, "A", grown)  # not an extension of A's awaited prefix: a prefill of its own
+    a_rank = first(hist(5, 110), 48)  # A's rank carries the history A's pre-infer had, plus 8 events
+    res = eng.rank("A", a_rank, CANDS)
+    assert res.cache == "device"
+    np.testing.assert_array_equal(res.scores, eng.model.rank_full(a_rank, CANDS))
+    assert eng.rank("A", grown, CANDS).cache == "device"  # and the other history is cached too
+    assert eng.stats().work.extensions == 0
 
 
 def test_preinfer_calls_only_the_caches_thread_safe_methods_off_the_device_thread(make_engine):
@@ -267,6 +343,7 @@ def test_a_rank_during_an_extension_waits_for_it(make_engine):
     eng = make_engine("relay.inflight_wait_ms=5000")
     full = hist(25, 100)
     relay(eng, "u", first(full, 40))
+    eng.rank("u", first(full, 40), CANDS)  # consumed: the returning user's prefix may be extended in place
     gate = threading.Event()
     eng.executor.submit(lambda: gate.wait(10))
     assert eng.preinfer("u", full, num_candidates=10).admitted  # the extension is queued behind the gate

@@ -14,7 +14,7 @@ from mindspore_relaygr import load_config
 from mindspore_relaygr.cache.keys import CacheKey
 from mindspore_relaygr.cache.manager import EntryState
 from mindspore_relaygr.relay.engine import RelayEngine
-from mindspore_relaygr.relay.ledger import PENDING, PREFETCH, PREFILL, RelayLedger, RelayState
+from mindspore_relaygr.relay.ledger import PENDING, PREFETCH, PREFILL, Footprint, RelayLedger, RelayState
 from tests.conftest import CONFIGS, random_history
 from tests.relay.fake_model import FakeModel
 from tests.relay.test_engine_fake import BASE, latency
@@ -25,7 +25,7 @@ def key(user="u", n=5):
 
 
 def test_transitions_and_wrong_ones_name_the_state():
-    ledger = RelayLedger()
+    ledger = RelayLedger(ready_ttl_ms=1e9)
     relay = ledger.admit("u", key(), PREFILL, [1.0, 2.0])
     assert relay.state is RelayState.ADMITTED and relay.remaining_ms() == 3.0
     with pytest.raises(ValueError, match="already relayed \\(state ADMITTED\\)"):
@@ -48,29 +48,76 @@ def test_transitions_and_wrong_ones_name_the_state():
 
 
 def test_prefetches_stay_out_of_the_footprint_and_evictions_are_counted():
-    ledger = RelayLedger()
+    ledger = RelayLedger(ready_ttl_ms=1e9)
     ledger.admit("u", key(n=1), PREFETCH, [1.0])
     ledger.admit("u", key(n=2), PREFILL, [1.0])
     assert ledger.footprint().inflight == 1 and [r.key.prefix_len for r in ledger.of_user("u")] == [2, 1]
     for n in (1, 2):
         ledger.start(key(n=n))
         ledger.ready(key(n=n))
-    assert ledger.on_evicted(key(n=2)) and ledger.on_evicted(key(n=1), superseded=True)
+    assert ledger.on_evicted(key(n=2)) and ledger.on_evicted(key(n=1))
     assert not ledger.on_evicted(key(n=3))
     stats = ledger.stats()
-    assert (stats.dropped_evicted, stats.dropped_superseded, stats.inflight_relays) == (1, 1, 0)
+    assert (stats.dropped_evicted, stats.inflight_relays) == (2, 0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_ready_relay_whose_rank_does_not_come_expires_and_leaves_the_footprint():
+    clock = Clock()
+    ledger = RelayLedger(ready_ttl_ms=500, clock=clock)
+    for n in (1, 2):
+        ledger.admit("u", key(n=n), PREFILL, [1.0])
+        ledger.start(key(n=n))
+    ledger.ready(key(n=1))
+    clock.now += 0.3
+    ledger.ready(key(n=2))
+    assert ledger.awaited() == {key(n=1), key(n=2)} and ledger.footprint() == Footprint(2, 0)
+    clock.now += 0.2  # key 1 has waited its 500 ms
+    assert ledger.awaited() == {key(n=2)} and ledger.footprint() == Footprint(1, 0)
+    assert ledger.get(key(n=1)) is None and not ledger.consume(key(n=1))  # a late rank consumes nothing
+    with pytest.raises(ValueError, match="no live relay"):
+        ledger.drop(key(n=1), "evicted")
+    assert ledger.consume(key(n=2))  # its rank came in time
+    clock.now += 10
+    stats = ledger.stats()
+    assert (stats.expired, stats.consumed, stats.inflight_relays) == (1, 1, 0)
+
+
+def test_a_pending_relay_never_expires():
+    clock = Clock()
+    ledger = RelayLedger(ready_ttl_ms=1, clock=clock)
+    ledger.admit("u", key(), PREFILL, [1.0])
+    ledger.start(key())
+    clock.now += 100  # a prefill queued behind a long burst still counts until it is READY
+    assert ledger.footprint() == Footprint(1, 1) and ledger.awaited() == frozenset()
+    with pytest.raises(ValueError, match="must be > 0"):
+        RelayLedger(ready_ttl_ms=0)
 
 
 class EngineMachine(RuleBasedStateMachine):
-    """Random pre-infers, ranks (same, grown, forged histories), evictions and flushes through the
-    engine's public API."""
+    """Random pre-infers (many never ranked), ranks (same, grown, forged histories), time passing and
+    flushes through the engine's public API; evictions happen only as production makes them (a slot
+    needed by a prefill, a prefetch or a reload). The one record per relayed prefix is checked after
+    every step, and liveness as a rule: past one TTL a new user's pre-infer is admitted and served."""
+
+    TTL_S = 1.0
 
     def __init__(self) -> None:
         super().__init__()
-        cfg = load_config(CONFIGS / "tiny.yaml", [*BASE, "cache.num_slots=3", "relay.inflight_wait_ms=0"])
-        self.engine = RelayEngine(cfg, FakeModel(cfg), latency())
+        cfg = load_config(CONFIGS / "tiny.yaml", [*BASE, "cache.num_slots=3", "relay.inflight_wait_ms=0",
+                                                  f"relay.ready_ttl_ms={self.TTL_S * 1e3}"])
+        self.clock = Clock()
+        self.engine = RelayEngine(cfg, FakeModel(cfg), latency(), clock=self.clock)
         self.rng = np.random.default_rng(0)
         self.histories: dict[str, dict] = {}
+        self.newcomers = 0
 
     def teardown(self) -> None:
         self.engine.close()
@@ -84,7 +131,7 @@ class EngineMachine(RuleBasedStateMachine):
         out["timestamps"] = np.r_[h["timestamps"], h["timestamps"][-1] + np.arange(1, grow + 1)]
         return out
 
-    @rule(user=st.sampled_from("abcd"), grow=st.sampled_from([0, 0, 3, 12, 30]), wait=st.booleans())
+    @rule(user=st.sampled_from("abcdef"), grow=st.sampled_from([0, 0, 3, 12, 30]), wait=st.booleans())
     def preinfer(self, user, grow, wait):
         h = self._history(user, grow)
         if len(h["item_ids"]) <= 120:
@@ -93,16 +140,31 @@ class EngineMachine(RuleBasedStateMachine):
         if wait:
             self.engine.wait_prefills(10)
 
-    @rule(user=st.sampled_from("abcd"), forged=st.booleans())
+    @rule(user=st.sampled_from("abcdef"), forged=st.booleans())
     def rank(self, user, forged):
         h = self._history(user, 0) if forged or user not in self.histories else self.histories[user]
         cands = np.arange(1, 9)
         res = self.engine.rank(user, h, cands)
         np.testing.assert_array_equal(res.scores, self.engine.model.rank_full(h, cands), err_msg=res.cache)
 
+    @rule(dt=st.sampled_from([0.1, 0.4, 1.5]))
+    def time_passes(self, dt):
+        self.clock.now += dt
+
     @rule()
-    def evict(self):
-        self.engine.executor.submit(self.engine.cache.manager.evict_one).result()
+    def a_new_user_is_relayed_one_ttl_later(self):
+        """Liveness: whatever the orphans before, the relay works again within one TTL."""
+        eng = self.engine
+        eng.wait_prefills(10)
+        self.clock.now += self.TTL_S
+        self.newcomers += 1
+        h = random_history(self.rng, 60, user_features=[1, 2])
+        user = f"new{self.newcomers}"
+        assert eng.preinfer(user, h, num_candidates=10).admitted
+        eng.wait_prefills(10)
+        res = eng.rank(user, h, np.arange(1, 9))
+        assert res.cache == "device"
+        np.testing.assert_array_equal(res.scores, eng.model.rank_full(h, np.arange(1, 9)))
 
     @rule()
     def flush(self):
@@ -111,23 +173,27 @@ class EngineMachine(RuleBasedStateMachine):
     @invariant()
     def ledger_matches_the_cache(self):
         eng = self.engine
+        users = [*"abcdef", *(f"new{i}" for i in range(1, self.newcomers + 1))]
         with eng.ledger.lock:
-            live = [r for user in "abcd" for r in eng.ledger.of_user(user)]
+            live = [r for user in users for r in eng.ledger.of_user(user)]
             fp = eng.ledger.footprint()
+            awaited = eng.ledger.awaited()
             states = {r.key: r.state for r in live}
         assert len(states) == len(live)  # one live relay per key
         assert fp.inflight == sum(r.kind == PREFILL for r in live) <= eng.trigger.max_inflight_slots
         assert fp.pending == sum(r.kind == PREFILL and r.state in PENDING for r in live)
-        for k, state in states.items():
-            lease = eng.cache.manager.peek(k)
-            if state is RelayState.READY:  # a READY relay is on the device until consumed or dropped
-                assert lease is not None and lease.state is EntryState.READY, k
+        assert awaited == {k for k, state in states.items() if state is RelayState.READY}
+        for r in live:
+            if r.state is RelayState.READY:  # a READY relay is on the device until consumed, expired or dropped
+                lease = eng.cache.manager.peek(r.key)
+                assert lease is not None and lease.state is EntryState.READY, r.key
+                assert r.expires_at - self.TTL_S <= self.clock.now < r.expires_at
         stats = eng.stats()
-        with eng.ledger.lock:  # every admitted relay is live, consumed or dropped, exactly once
+        with eng.ledger.lock:  # every admitted relay is live, consumed, expired or dropped, exactly once
             r = eng.ledger.stats()
-            num_live = sum(len(eng.ledger.of_user(user)) for user in "abcd")
-        assert r.admitted == num_live + r.consumed + r.dropped_no_slot + r.dropped_failed + r.dropped_evicted \
-            + r.dropped_superseded
+            num_live = sum(len(eng.ledger.of_user(user)) for user in users)
+        assert r.admitted == num_live + r.consumed + r.expired + r.dropped_no_slot + r.dropped_failed \
+            + r.dropped_evicted
         assert stats.cache.device.bytes_in_use <= 3 * eng.model.layout.slot_bytes
 
 

@@ -41,7 +41,7 @@ class Admission:
     the ledger, and move relays through it (oldest first)."""
 
     def __init__(self, trigger: SequenceAwareTrigger) -> None:
-        self.trigger, self.ledger, self._n = trigger, RelayLedger(), 0
+        self.trigger, self.ledger, self._n = trigger, RelayLedger(ready_ttl_ms=1e9), 0
 
     def decide(self, prefix_len, num_candidates, already_cached=False, inflight=False):
         with self.ledger.lock:

@@ -7,8 +7,8 @@ import gc
 import numpy as np
 import pytest
 
-from mindspore_relaygr.cache import host_arena
-from mindspore_relaygr.cache.host_arena import ALIGN, HostArena, shared_arena
+from mindspore_relaygr.model import host_arena
+from mindspore_relaygr.model.host_arena import ALIGN, HostArena, shared_arena
 
 
 def test_regions_are_disjoint_aligned_and_sized():

@@ -1,0 +1,39 @@
+"""What the RelayEngine needs from a model instance (RelayGRModel; a numpy stand-in in tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from mindspore_relaygr.cache.hierarchy import SlotStore
+from mindspore_relaygr.history import History
+
+
+class SlotGeometry(Protocol):
+    """Sizes of one pool slot."""
+
+    slot_len: int  # tokens a slot holds (user token included)
+    num_layers: int
+
+    @property
+    def token_bytes(self) -> int: ...
+    @property
+    def slot_bytes(self) -> int: ...
+
+
+class DeviceModel(SlotStore, Protocol):
+    """A model with a device KV pool: the full graph, chunked prefill into a slot, the cached rank."""
+
+    version: str
+    num_slots: int
+    layout: SlotGeometry
+    prefix_buckets: Sequence[int]  # prefix-graph lengths compiled (the chunk sizes a prefill may use)
+
+    def ensure_host_arena(self, nbytes: int) -> float: ...
+    def warmup(self, max_chunk: int | None = None) -> Any: ...
+    def prefill_steps(self, slot: int, history: History, chunk_len: int) -> Iterator[int]: ...
+    def rank_full(self, history: History, candidate_ids: np.ndarray) -> np.ndarray: ...
+    def rank_cached(self, slot: int, prefix_len: int, suffix_history: History,
+                    candidate_ids: np.ndarray) -> np.ndarray: ...
