@@ -164,7 +164,7 @@ class RelayEngine:
         return self._count_preinfer(PreinferResult(decision.admitted, decision.reason, short_key,
                                                    decision.predicted_full_ms))
 
-    def _submit(self, relay: Relay, steps: Iterator[Any], label: str) -> None:
+    def _submit(self, relay: Relay, steps: Generator[Any, None, Any], label: str) -> None:
         """Queue a relay's device work (ledger lock held, so nobody sees the relay without its future)."""
         relay.future = self.executor.submit_steps(self._settling(steps), PREFILL, label=label)
         relay.future.add_done_callback(lambda f, r=relay: self._relay_done(r, f))
@@ -285,8 +285,9 @@ class RelayEngine:
         nbytes = self.model.layout.token_bytes * (key.prefix_len + self._user_tokens)
         return [nbytes / self.copy_bytes_per_s * 1e3 / layers] * layers
 
-    def _settling(self, steps: Iterator[Any]) -> Generator[Any, None, Any]:
-        """A relay's device steps, settling what each step dropped from the cache (its return value kept)."""
+    def _settling(self, steps: Generator[Any, None, Any]) -> Generator[Any, None, Any]:
+        """A relay's device steps, settling what each step dropped from the cache (its return value kept;
+        closing it closes `steps`, as `yield from` would)."""
         try:
             while True:
                 try:
@@ -296,6 +297,7 @@ class RelayEngine:
                 self._settle()
                 yield step
         finally:
+            steps.close()
             self._settle()
 
     def _settle(self) -> None:
