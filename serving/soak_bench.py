@@ -846,6 +846,8 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     json_path, png_path, cfg_path = (out.with_name(out.name + ext) for ext in (".json", ".png", ".config.yaml"))
     report["command"] = shlex.join(["relaygr", *sys.argv[1:]]) if sys.argv[1:3] == ["bench", "soak"] else None
     report["args"] = {k: v for k, v in vars(args).items() if k != "func"}
+    report["bench_overrides"] = [] if args.no_bench_overrides else list(DEFAULT_BENCH_OVERRIDES)
+    report["user_overrides"] = list(args.override)
     report["machine"] = machine
     table = format_table(report)
     report["minutes_table"] = table.splitlines()

@@ -230,12 +230,14 @@ def plot_soak(report: dict[str, Any], path: Path) -> None:
     kill = report.get("kill") or {}
     bucket_min = report["bucket_s"] / 60.0
 
-    def mark(a: Any) -> None:
+    def mark(a: Any, label: bool) -> None:
+        """Shade the minutes from the kill to the instance's return; a dotted line at the kill."""
         for r in rows:
             if r["disrupted"]:
                 a.axvspan(r["minute"] - 0.5, r["minute"] + 0.5, color="red", alpha=0.08, lw=0)
-        if kill.get("at_s") is not None:
-            a.axvline(kill["at_s"] / report["bucket_s"] - 0.5, color="red", linestyle=":", label="kill")
+        if kill.get("at_s") is not None:  # bucket b is drawn at x = b, its start at b - 0.5
+            a.axvline(kill["at_s"] / report["bucket_s"] - 0.5, color="red", linestyle=":",
+                      label=f"kill of {kill['instance']} (shaded: until it is back)" if label else None)
 
     def share(key: str) -> list[float]:
         return [r[key]["share"] if r[key]["share"] is not None else float("nan") for r in rows]
@@ -279,8 +281,8 @@ def plot_soak(report: dict[str, Any], path: Path) -> None:
     for inst in sorted({k for r in rows for k in r.get("cpu_cores", {})}):
         ax[8].plot(minutes, [r["cpu_cores"].get(inst, float("nan")) for r in rows], "o-", label=inst)
     ax[8].set(ylabel="cores (user + system CPU s per s)", title="CPU of the instances' workers and the client")
-    for a in ax:
-        mark(a)
+    for k, a in enumerate(ax):
+        mark(a, label=k == 0)
         a.set_xlabel("minute" if bucket_min == 1 else f"minute (buckets of {report['bucket_s']:g} s)")
         if len(minutes) <= 20:
             a.set_xticks(minutes)
