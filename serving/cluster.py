@@ -191,6 +191,43 @@ class Cluster:
         logger.info("cluster up: nginx on %s:%d, instances %s", self.spec.host, self.spec.port,
                     ", ".join(self.spec.servers))
 
+    def member(self, name: str) -> Member:
+        """The running member called `name` (an instance id or "nginx")."""
+        found = next((m for m in self.members if m.name == name), None)
+        if found is None:
+            raise ClusterError(f"no member {name!r} in this cluster ({', '.join(m.name for m in self.members)})")
+        return found
+
+    def kill_instance(self, name: str, timeout_s: float = 10.0) -> int:
+        """SIGKILL instance `name`'s process group (gunicorn master and worker: an instance dying, not a
+        graceful stop) and reap it; returns the PID it had. nginx routes around it until it is restarted."""
+        member = self.member(name)
+        if name == "nginx":
+            raise ClusterError("kill_instance kills instances, not nginx")
+        _signal_group(member.pid, signal.SIGKILL)
+        if not _wait_gone(member, time.monotonic() + timeout_s):
+            raise ClusterError(f"{name} (pid {member.pid}) still runs {timeout_s:g} s after SIGKILL")
+        (self.run_dir / f"{name}.pid").unlink(missing_ok=True)  # gunicorn's pid file of the dead master
+        return member.pid
+
+    def restart_instance(self, name: str) -> Member:
+        """Start instance `name` again (same port, config and cores; a new process) after it has exited; the
+        state file records the new PID, so `stop` stops it. Wait for it with `wait_ready`."""
+        old = self.member(name)
+        if old.proc is not None and old.proc.poll() is None:
+            raise ClusterError(f"{name} (pid {old.pid}) is still running")
+        at = self.members.index(old)
+        self._start_instance(name, old.port, self.spec.cpu_set(self.spec.instance_ids.index(name)))  # appended
+        new = self.members.pop()
+        self.members[at] = new
+        self._write_state()
+        return new
+
+    def wait_ready(self, name: str, ready_timeout_s: float = 600.0) -> None:
+        """Block until instance `name` answers /readyz with 200 (ClusterError if it exits or times out)."""
+        member = self.member(name)
+        _wait_http(f"http://{self.spec.host}:{member.port}/readyz", time.monotonic() + ready_timeout_s, member)
+
     def _prepare_run_dir(self) -> None:
         if (self.run_dir / STATE_FILE).exists():
             alive = [m for m in read_state(self.run_dir) if _owned(m.pid, self.run_dir)]

@@ -217,3 +217,80 @@ def plot_overload(report: dict[str, Any], path: Path) -> None:
     bx.legend(fontsize=8)
     save_figure(fig, path)
     plt.close(fig)
+
+
+def plot_soak(report: dict[str, Any], path: Path) -> None:
+    """`relaygr bench soak`: small panels vs minute (hit shares with the target, goodput, rank P99, pre-infer
+    decisions, failures and 400s, orphan share, RSS per instance), the kill marked on each."""
+    plt = pyplot()
+    rows = report["per_minute"]
+    minutes = [r["minute"] for r in rows]
+    fig, axes = plt.subplots(3, 3, figsize=(15, 10))
+    ax = axes.ravel()
+    kill = report.get("kill") or {}
+    bucket_min = report["bucket_s"] / 60.0
+
+    def mark(a: Any, label: bool) -> None:
+        """Shade the minutes from the kill to the instance's return; a dotted line at the kill."""
+        for r in rows:
+            if r["disrupted"]:
+                a.axvspan(r["minute"] - 0.5, r["minute"] + 0.5, color="red", alpha=0.08, lw=0)
+        if kill.get("at_s") is not None:  # bucket b is drawn at x = b, its start at b - 0.5
+            a.axvline(kill["at_s"] / report["bucket_s"] - 0.5, color="red", linestyle=":",
+                      label=f"kill of {kill['instance']} (shaded: until it is back)" if label else None)
+
+    def share(key: str) -> list[float]:
+        return [r[key]["share"] if r[key]["share"] is not None else float("nan") for r in rows]
+
+    ax[0].plot(minutes, share("followed"), "o-", label="followed their pre-infer within the gap")
+    ax[0].plot(minutes, share("with_preinfer"), "s--", label="every rank with a pre-infer")
+    ax[0].axhline(report["target_share"], color="green", linestyle="--", label=f"target {report['target_share']:.0%}")
+    ax[0].set(ylim=(-0.05, 1.05), ylabel="share served from a cache", title="cache hits of ranks with a pre-infer")
+    ax[1].plot(minutes, [r["goodput_rps"] for r in rows], "o-")
+    ax[1].set(ylabel="200 ranks / s", title="goodput")
+    ax[2].plot(minutes, [r["p99_ms"] if r["p99_ms"] is not None else float("nan") for r in rows], "o-", label="P99")
+    ax[2].plot(minutes, [r["p50_ms"] if r["p50_ms"] is not None else float("nan") for r in rows], "s--", label="P50")
+    ax[2].axhline(report["slo_ms"], color="red", linestyle="--", label=f"SLO {report['slo_ms']:g} ms")
+    ax[2].set(ylabel="ms (from the scheduled send)", title="rank latency")
+    reasons = sorted({k for r in rows for k in r["preinfer_reasons"]})
+    bottom = [0] * len(rows)
+    for reason in reasons:
+        vals = [r["preinfer_reasons"].get(reason, 0) for r in rows]
+        ax[3].bar(minutes, vals, bottom=bottom, label=reason)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax[3].set(ylabel="pre-infers (202)", title="pre-infer decisions by reason")
+    for kind in ("connection", "timeout", "5xx", "4xx", "other"):
+        vals = [r["failed"].get(kind, 0) for r in rows]
+        if any(vals):
+            ax[4].plot(minutes, vals, "o-", label=f"failed: {kind}")
+    for endpoint in ("preinfer", "rank"):
+        ax[4].plot(minutes, [r["status_400"][endpoint] for r in rows], "x--", label=f"400 {endpoint}")
+    ax[4].plot(minutes, [r["retries"] for r in rows], ".:", label="503 retries")
+    ax[4].set(ylabel="requests", title="failures at the client, 400s, retries")
+    ax[5].plot(minutes, [r["orphan_share"] if r["orphan_share"] is not None else float("nan") for r in rows], "o-")
+    ax[5].set(ylim=(-0.05, 1.05), ylabel="orphan / pre-infers sent", title="orphan share of the pre-infers")
+    for inst in sorted({s["instance"] for s in report["rss"] if s.get("rss_mb") is not None}):
+        pts = [s for s in report["rss"] if s["instance"] == inst and s.get("rss_mb") is not None]
+        ax[6].plot([s["t_s"] / report["bucket_s"] - 0.5 for s in pts], [s["rss_mb"] for s in pts], ".-",
+                   markersize=3, label=inst)
+    ax[6].set(ylabel="VmRSS (MB)", title="RSS per instance (worker)")
+    answered = sorted({k for r in rows for k in r["answered_by"]})
+    for inst in answered:
+        ax[7].plot(minutes, [r["answered_by"].get(inst, 0) for r in rows], "o-", label=inst)
+    ax[7].set(ylabel="answers", title="answers per instance")
+    for inst in sorted({k for r in rows for k in r.get("cpu_cores", {})}):
+        ax[8].plot(minutes, [r["cpu_cores"].get(inst, float("nan")) for r in rows], "o-", label=inst)
+    ax[8].set(ylabel="cores (user + system CPU s per s)", title="CPU of the instances' workers and the client")
+    for k, a in enumerate(ax):
+        mark(a, label=k == 0)
+        a.set_xlabel("minute" if bucket_min == 1 else f"minute (buckets of {report['bucket_s']:g} s)")
+        if len(minutes) <= 20:
+            a.set_xticks(minutes)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7)
+    import textwrap
+
+    fig.suptitle(textwrap.fill(f"bench soak: {report['instances']} instances, {report['rate']:g} users/s, "
+                               f"{report['minutes']:g} min; {report['mix']['described']}", 160), fontsize=8)
+    save_figure(fig, path)
+    plt.close(fig)
