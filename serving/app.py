@@ -6,6 +6,7 @@ import importlib
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -80,7 +81,8 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
     app.config["MAX_CONTENT_LENGTH"] = settings.max_content_length
     app.extensions["relaygr"] = AppState(config, settings, Limits.from_config(config), holder,
                                          ServingMetrics(holder, instance_id), instance_id,
-                                         admission_control(config, settings), upstream_ring(settings))
+                                         admission_control(config, settings), upstream_ring(settings),
+                                         threading.BoundedSemaphore(settings.parse_slots))
     register_error_handler(app, settings.retry_after_s)
     app.register_blueprint(api.bp)
     return app

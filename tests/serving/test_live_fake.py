@@ -37,7 +37,8 @@ def test_serve_execs_gunicorn_with_one_worker_and_stops_on_sigterm(tmp_path):
         stats = s.get(f"{url}/v1/stats", timeout=TIMEOUT).json()
         worker = stats["pid"]
         assert worker != proc.pid and sorted(group_members(proc.pid)) == sorted([proc.pid, worker])
-        resp = s.post(f"{url}/v1/preinfer", json=preinfer_body(), timeout=TIMEOUT)
+        resp = s.post(f"{url}/v1/preinfer", json=preinfer_body(), headers={headers.AFFINITY: KNOWN_USER},
+                      timeout=TIMEOUT)
         assert resp.status_code == 202 and resp.headers[headers.INSTANCE] == "s0"
         resp = s.post(f"{url}/v1/rank", json=rank_body(), timeout=TIMEOUT)
         assert resp.status_code == 200 and resp.headers[headers.CACHE] == "device"
@@ -89,7 +90,8 @@ def test_live_instance_survives_hostile_traffic(tmp_path, tiny_config):
 
     with serve(tmp_path, "z0", engine_factory=FAKE_FACTORY) as (url, proc, log):
         s = session()
-        assert s.post(f"{url}/v1/preinfer", json=preinfer_body(), timeout=TIMEOUT).json()["admitted"]
+        assert s.post(f"{url}/v1/preinfer", json=preinfer_body(), headers={headers.AFFINITY: KNOWN_USER},
+                      timeout=TIMEOUT).json()["admitted"]
         worker = s.get(f"{url}/healthz", timeout=TIMEOUT).json()["pid"]
         probes = HostileRequests(seed=99, limits=Limits.from_config(tiny_config), known_user=KNOWN_USER,
                                  max_body=4 * 1024 * 1024).probes(250)
