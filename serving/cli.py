@@ -1,5 +1,6 @@
 """The `relaygr` command: the library's commands plus `relaygr serve` (one instance: gunicorn, one
-worker process), `relaygr cluster` (N instances + nginx), `relaygr bench cluster` and `relaygr bench overload`.
+worker process), `relaygr cluster` (N instances + nginx), `relaygr bench cluster`, `relaygr bench overload`
+and `relaygr bench retry`.
 
 The console script `relaygr` runs `main` here (`python -m serving.cli ...` is the same), because the
 library (`mindspore_relaygr.cli`) never imports `serving`: these commands reach its parser through
@@ -34,12 +35,14 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction, bench_subparsers: argparse._SubParsersAction) -> None:
-    """Add `serve`, `cluster`, `bench cluster` and `bench overload` to the `relaygr` parser."""
+    """Add `serve`, `cluster`, `bench cluster`, `bench overload` and `bench retry` to the `relaygr` parser."""
     from serving.cluster_bench import register as register_cluster_bench
     from serving.overload_bench import register as register_overload_bench
+    from serving.retry_bench import register as register_retry_bench
 
     register_cluster_bench(bench_subparsers)
     register_overload_bench(bench_subparsers)
+    register_retry_bench(bench_subparsers)
     serve = subparsers.add_parser("serve", help="run one serving instance (gunicorn, 1 worker, gthread threads)")
     _add_config_args(serve)
     serve.add_argument("--host", default=None, help="bind address (default serving.host, 127.0.0.1)")
