@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 from werkzeug.exceptions import MethodNotAllowed, RequestEntityTooLarge, RequestTimeout
@@ -64,11 +65,8 @@ def preinfer() -> tuple[Response, int]:
 def rank() -> Response:
     """Ranking-time request: score every candidate, served from the best cache tier available."""
     t0 = time.perf_counter()
-    st = _state()
-    last_try = _last_try(st)
+    st = _state()  # a rank the queue alone refuses was answered before Flask (serving.early_refusal)
     affinity = request.headers.get(headers.AFFINITY)
-    if st.admission is not None and st.admission.refuse_early(affinity or None, last_try):
-        raise _overloaded(st)  # the body is left unread: the after-request drain keeps the connection usable
     data = _raw_body()  # a client stalling mid-body holds a thread (until serving.client_timeout_s), never budget
     with _parsing_slot(st, refuse=st.admission is not None):
         req = schemas.parse_rank(schemas.parse_json(data), st.limits, affinity)
@@ -80,7 +78,7 @@ def rank() -> Response:
         # (admission control needs a positive weight; a rank predicted at 0 ms still counts as a rank).
         cost_ms = max(engine.predicted_rank_ms(req.user_id, history, candidate_ids), 1e-3) \
             if st.admission is not None else 0.0
-    _admit(st, cost_ms, last_try, affinity or None)
+    _admit(st, cost_ms, last_try(st, affinity, request.headers.get(headers.ROUTED)), affinity or None)
     served = False
     try:
         result = engine.rank(req.user_id, history, candidate_ids, top_k=req.top_k)
@@ -125,14 +123,13 @@ def _parsing_slot(st: AppState, refuse: bool) -> Iterator[None]:
         st.parsing.release()
 
 
-def _last_try(st: AppState) -> Callable[[], bool]:
-    """Whether this rank is on its last try: every other instance behind nginx has refused it (routed by the
-    affinity hash, and this instance last in its key's try order). Hashes the key, so it is called only
-    when the normal budget would refuse."""
-    key = request.headers.get(headers.AFFINITY)
+def last_try(st: AppState, key: str | None, routed: str | None) -> Callable[[], bool]:
+    """Whether a rank with these affinity and X-RelayGR-Routed headers is on its last try: every other
+    instance behind nginx has refused it (routed by the affinity hash, and this instance last in its key's
+    try order). Hashes the key, so it is called only when the normal budget would refuse."""
 
     def last_resort() -> bool:
-        return (st.upstream is not None and bool(key) and request.headers.get(headers.ROUTED) == "affinity"
+        return (st.upstream is not None and bool(key) and routed == "affinity"
                 and st.upstream.is_last_try(key, st.settings.upstream_address))
 
     return last_resort
@@ -141,16 +138,17 @@ def _last_try(st: AppState) -> Callable[[], bool]:
 def _admit(st: AppState, cost_ms: float, last_try: Callable[[], bool], key: str | None) -> None:
     """Refuse the rank now (503 + Retry-After) unless it can still finish inside the ranking SLO; decided
     before it reaches the engine, so a refused rank costs the instance next to nothing. A rank on its last
-    try (`_last_try`) gets the looser relay.last_try_factor x SLO: refusing it would fail the request."""
+    try (`last_try`) gets the looser relay.last_try_factor x SLO: refusing it would fail the request."""
     if st.admission is None or st.admission.try_admit(last_resort=last_try, size=cost_ms, key=key):
         return
-    raise _overloaded(st)
+    raise Overloaded(overloaded_message(st))
 
 
-def _overloaded(st: AppState) -> Overloaded:
+def overloaded_message(st: AppState) -> str:
+    """The error of a rank refused by admission control: the queue it met."""
     view = st.admission.snapshot()
-    return Overloaded(f"instance {st.instance_id} is overloaded: {view.in_flight} ranks ahead, about "
-                      f"{view.work_ahead_ms:.0f} ms of work, admission budget {view.budget_ms:.0f} ms")
+    return (f"instance {st.instance_id} is overloaded: {view.in_flight} ranks ahead, about "
+            f"{view.work_ahead_ms:.0f} ms of work, admission budget {view.budget_ms:.0f} ms")
 
 
 @bp.get("/healthz")
@@ -242,7 +240,7 @@ def _after(response: Response) -> Response:
     if response.status_code == 503 and kind in ("overloaded", "not_ready"):
         st.metrics.observe_rejection(endpoint, kind)
     response.headers[headers.INSTANCE] = st.instance_id
-    _drain_body(4 * st.settings.max_content_length)
+    drain_body(request.environ.get("wsgi.input"), request.content_length, 4 * st.settings.max_content_length)
     if st.admission is not None and not g.get("relaygr_served_rank"):  # the unit cost is fitted on ranks only
         st.admission.spent_elsewhere((cpu_clock() - g.get("relaygr_cpu0", cpu_clock())) * 1e3)
     return response
@@ -260,16 +258,14 @@ def _route_label() -> str:
     return "unmatched"
 
 
-def _drain_body(max_bytes: int) -> None:
-    """Read what the view left of the request body (404, 405, 413...), up to `max_bytes`.
+def drain_body(stream: Any, declared: int | None, max_bytes: int) -> None:
+    """Read what the view left of the request body `stream` (404, 405, 413, an early 503...), up to `max_bytes`.
 
     gunicorn drains at most 64 KiB of an unread body and otherwise closes the kept-alive connection
     after the response, so a client (or nginx) reusing that connection would fail its next request.
     """
-    declared = request.content_length
     if declared is not None and declared > max_bytes:
         return  # too big to be worth reading: gunicorn closes this connection
-    stream = request.environ.get("wsgi.input")
     if stream is None:
         return
     total = 0
