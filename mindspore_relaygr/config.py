@@ -246,6 +246,10 @@ class ServingConfig:
     # on another instance than its rank's).
     parse_slots: int = 4
     parse_wait_ms: float = 5.0
+    # Answers to ranks resent after a refusal without waiting out Retry-After are spaced to this rate (each
+    # waits its turn asleep, at most retry_after_s): such clients otherwise spend the instance's CPU on
+    # refusals, not ranks. A rank's first refusal is never delayed. null: no pacing.
+    resent_refusals_per_s: float | None = 200.0
     # The servers of the nginx upstream block this instance is one of (`hash ... consistent`), written
     # as nginx.conf writes them; "host:port" of this instance must be one of them. A rank routed by
     # that nginx (X-RelayGR-Routed: affinity) whose key puts this instance last in nginx's try order
@@ -273,6 +277,8 @@ class ServingConfig:
             (self.retry_after_s >= 0, "retry_after_s", "must be >= 0"),
             (self.parse_slots >= 1, "parse_slots", "must be >= 1"),
             (self.parse_wait_ms >= 0, "parse_wait_ms", "must be >= 0"),
+            (self.resent_refusals_per_s is None or self.resent_refusals_per_s > 0, "resent_refusals_per_s",
+             "must be > 0 or null"),
             (self.upstream_servers is None or (
                 isinstance(self.upstream_servers, list) and all(isinstance(s, str) and s for s in self.upstream_servers)
                 and len(set(self.upstream_servers)) == len(self.upstream_servers) >= 1),

@@ -18,7 +18,7 @@ from mindspore_relaygr.errors import ConfigError
 from mindspore_relaygr.relay.admission import AdmissionControl
 from mindspore_relaygr.relay.router import NginxConsistentHash
 from serving import api
-from serving.early_refusal import EarlyRefusal
+from serving.early_refusal import EarlyRefusal, refusal_pacer
 from serving.engine_holder import Engine, EngineHolder
 from serving.errors import register_error_handler
 from serving.metrics import ServingMetrics
@@ -86,7 +86,8 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
                                          threading.BoundedSemaphore(settings.parse_slots))
     register_error_handler(app, settings.retry_after_s)
     app.register_blueprint(api.bp)
-    app.wsgi_app = EarlyRefusal(app.wsgi_app, state)  # a rank the queue alone refuses never reaches Flask
+    # a rank the queue alone refuses never reaches Flask
+    app.wsgi_app = EarlyRefusal(app.wsgi_app, state, refusal_pacer(settings))
     return app
 
 

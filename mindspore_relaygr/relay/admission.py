@@ -52,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 ADMIT, LAST_RESORT, REFUSE = "admit", "last_resort", "refuse"
+RESENT, QUEUE_FULL = "resent", "queue_full"  # why `refuse_early` refused
 MAX_REMEMBERED = 4096  # keys whose refused size is kept for `refuse_early`
 
 
@@ -147,16 +148,16 @@ class AdmissionControl:
             self._admitted += 1
             return True
 
-    def refuse_early(self, key: str | None = None, last_resort: bool | Callable[[], bool] = False) -> bool:
-        """True (counted as a refusal) if a rank is refused before its size is known: the work ahead alone is
-        over the budget, or `key`'s last refused size still does not fit. False says nothing about the
-        rank: `try_admit` decides once its size is known."""
+    def refuse_early(self, key: str | None = None, last_resort: bool | Callable[[], bool] = False) -> str | None:
+        """Why a rank is refused before its size is known (counted as a refusal): RESENT, `key` was refused
+        before and its last size still does not fit; QUEUE_FULL, the work ahead alone is over the budget.
+        None says nothing about the rank: `try_admit` decides once its size is known."""
         with self._lock:
-            size = self._refused_sizes.get(key, 0.0) if key is not None else 0.0
-            if self._in_flight == 0 or self._verdict_locked(size, last_resort) != REFUSE:
-                return False
+            size = self._refused_sizes.get(key) if key is not None else None
+            if self._in_flight == 0 or self._verdict_locked(size or 0.0, last_resort) != REFUSE:
+                return None
             self._rejected += 1
-            return True
+            return QUEUE_FULL if size is None else RESENT
 
     def _remember_locked(self, key: str, size: float) -> None:
         self._refused_sizes[key] = size
