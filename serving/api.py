@@ -135,11 +135,11 @@ def last_try(st: AppState, key: str | None, routed: str | None) -> Callable[[], 
     return last_resort
 
 
-def _admit(st: AppState, cost_ms: float, last_try: Callable[[], bool], key: str | None) -> None:
+def _admit(st: AppState, cost_ms: float, on_last_try: Callable[[], bool], key: str | None) -> None:
     """Refuse the rank now (503 + Retry-After) unless it can still finish inside the ranking SLO; decided
     before it reaches the engine, so a refused rank costs the instance next to nothing. A rank on its last
-    try (`last_try`) gets the looser relay.last_try_factor x SLO: refusing it would fail the request."""
-    if st.admission is None or st.admission.try_admit(last_resort=last_try, size=cost_ms, key=key):
+    try (`on_last_try`) gets the looser relay.last_try_factor x SLO: refusing it would fail the request."""
+    if st.admission is None or st.admission.try_admit(last_resort=on_last_try, size=cost_ms, key=key):
         return
     raise Overloaded(overloaded_message(st))
 
