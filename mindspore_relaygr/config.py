@@ -246,10 +246,10 @@ class ServingConfig:
     # on another instance than its rank's).
     parse_slots: int = 4
     parse_wait_ms: float = 5.0
-    # Answers to ranks resent after a refusal without waiting out Retry-After are spaced to this rate (each
-    # waits its turn asleep, at most retry_after_s): such clients otherwise spend the instance's CPU on
-    # refusals, not ranks. A rank's first refusal is never delayed. null: no pacing.
-    resent_refusals_per_s: float | None = 200.0
+    # Refusals of resent ranks (their affinity key was refused before and not admitted since) are spaced to
+    # this rate, each waiting its turn asleep, at most retry_after_s: clients that resend at once otherwise
+    # spend the instance's CPU on refusals, not ranks. A key's first refusal is never delayed. null: off.
+    resent_refusals_per_s: float | None = 100.0
     # The servers of the nginx upstream block this instance is one of (`hash ... consistent`), written
     # as nginx.conf writes them; "host:port" of this instance must be one of them. A rank routed by
     # that nginx (X-RelayGR-Routed: affinity) whose key puts this instance last in nginx's try order

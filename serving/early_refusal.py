@@ -14,7 +14,7 @@ Clients that resend at once still keep the instance busy with refusals: 64 such 
 resent ranks (a key refused before and not admitted since) are paced to
 `serving.resent_refusals_per_s`: below that rate none waits; above it each waits its turn asleep
 (no CPU, no interpreter lock, but a server thread), at most `serving.retry_after_s`, what the client
-was asked to wait anyway. A rank's first refusal (a polite client, nginx's first try) is never paced.
+was asked to wait anyway. A key's first refusal (nginx's first try, a user's first rank) is never paced.
 """
 
 from __future__ import annotations
