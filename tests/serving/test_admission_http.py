@@ -17,7 +17,6 @@ from mindspore_relaygr.relay.admission import AdmissionControl
 from mindspore_relaygr.relay.router import NginxConsistentHash
 from serving import api
 from serving.app import create_app
-from serving.early_refusal import RefusalPacer
 from serving.settings import resolve_settings
 from tests.conftest import CONFIGS
 from tests.relay.test_admission import FakeClock
@@ -312,31 +311,3 @@ def test_admission_off_waits_for_a_parsing_slot(monkeypatch):
     st.parsing.release()
     waiting.join(30)
     assert done == [200]
-
-
-def test_the_pacer_spaces_refusals_and_never_holds_one_past_its_bound():
-    clock = FakeClock()
-    pacer = RefusalPacer(rate_per_s=100.0, max_delay_s=0.025, clock=clock)
-    assert [pacer.delay_s() for _ in range(3)] == pytest.approx([0.0, 0.01, 0.02])
-    assert pacer.delay_s() == 0.025  # its slot would be 30 ms away: the bound, and no slot reserved
-    clock.advance_ms(30.0)
-    assert pacer.delay_s() == pytest.approx(0.0)  # the reserved slots have passed
-
-
-def test_only_resent_ranks_wait_for_the_pacer():
-    app, engine = make_app(fraction=0.5)
-    client = app.test_client()
-    slept: list[float] = []
-    app.wsgi_app.pacer = RefusalPacer(rate_per_s=200.0, max_delay_s=1.0, clock=FakeClock())
-    app.wsgi_app.sleep = slept.append
-    threads = fill_the_budget(client, engine)  # 40 ms ahead: the budget, not over it
-    hdrs = {"X-RelayGR-Affinity": "again"}
-    assert client.post("/v1/rank", json=rank_body("again"), headers=hdrs).status_code == 503  # first refusal
-    assert slept == []
-    for _ in range(3):
-        assert client.post("/v1/rank", json=rank_body("again"), headers=hdrs).status_code == 503
-    assert slept == pytest.approx([0.0, 0.005, 0.01])  # resent at once: one every 5 ms
-    assert post_rank(client, rank_body("new"))[0] == 503 and len(slept) == 3  # refused after parsing: no wait
-    engine.release.set()
-    for t in threads:
-        t.join(30)
