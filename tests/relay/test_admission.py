@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from mindspore_relaygr.relay.admission import QUEUE_FULL, RESENT, AdmissionControl
+from mindspore_relaygr.relay import admission
+from mindspore_relaygr.relay.admission import AdmissionControl
 
 
 class FakeClock:
@@ -232,13 +233,13 @@ def test_refuse_early_needs_the_queue_alone_over_the_budget_or_a_key_whose_refus
     assert ctl.try_admit(size=1.0, key="u2")  # 40 + 10 <= 50
     assert ctl.snapshot().work_ahead_ms == pytest.approx(50.0)
     assert not ctl.refuse_early()  # an unknown rank might still be small enough: the queue alone is at the budget
-    assert ctl.refuse_early("u1") == RESENT  # 50 + 20 > 50 without reading it
+    assert ctl.refuse_early("u1") == admission.RESENT  # 50 + 20 > 50 without reading it
     assert (ctl.snapshot().admitted, ctl.snapshot().rejected) == (2, 2)
     clock.advance_ms(30.0)  # 30 ms of the rank in service are done: 20 + 20 <= 50, u1 goes to try_admit
     assert not ctl.refuse_early("u1")
     assert ctl.try_admit(size=2.0, key="u1")  # admitted: its size is forgotten
     clock.advance_ms(200.0)  # the rank in service is late past twice its time: no credit, 70 ms ahead
-    assert ctl.refuse_early() == ctl.refuse_early("u1") == ctl.refuse_early("never seen") == QUEUE_FULL
+    assert ctl.refuse_early() == ctl.refuse_early("u1") == ctl.refuse_early("never seen") == admission.QUEUE_FULL
 
 
 def test_at_most_max_remembered_keys_are_kept(monkeypatch):
@@ -247,4 +248,4 @@ def test_at_most_max_remembered_keys_are_kept(monkeypatch):
     assert ctl.try_admit()
     for key in ("a", "b", "c"):
         assert not ctl.try_admit(size=1.0, key=key)
-    assert [ctl.refuse_early(k) for k in ("a", "b", "c")] == [None, RESENT, RESENT]  # "a", the oldest, was dropped
+    assert [ctl.refuse_early(k) for k in ("a", "b", "c")] == [None, admission.RESENT, admission.RESENT]  # "a" dropped
