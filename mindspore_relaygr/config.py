@@ -246,6 +246,17 @@ class ServingConfig:
     max_content_length: int = 4 * 1024 * 1024  # request body cap in bytes (413 above it)
     admin_token: str | None = None  # bearer token of /v1/admin/*; null: no token (bind to loopback then)
     retry_after_s: int = 1  # Retry-After of 503 answers (overloaded, warming up)
+    # Requests whose body is read, parsed and validated at once (pre-infers and ranks): dozens of threads
+    # parsing under the interpreter lock would slow the admitted ranks as much as the model does. A rank
+    # that gets no slot within parse_wait_ms is refused (503 + Retry-After) when admission control is on
+    # (relay.admission_fraction), else it waits; a pre-infer always waits (refused, nginx would retry it
+    # on another instance than its rank's).
+    parse_slots: int = 4
+    parse_wait_ms: float = 5.0
+    # Refusals of resent ranks (their affinity key was refused before and not admitted since) are spaced to
+    # this rate, each waiting its turn asleep, at most retry_after_s: clients that resend at once otherwise
+    # spend the instance's CPU on refusals, not ranks. A key's first refusal is never delayed. null: off.
+    resent_refusals_per_s: float | None = 100.0
     # The servers of the nginx upstream block this instance is one of (`hash ... consistent`), written
     # as nginx.conf writes them; "host:port" of this instance must be one of them. A rank routed by
     # that nginx (X-RelayGR-Routed: affinity) whose key puts this instance last in nginx's try order
@@ -271,6 +282,10 @@ class ServingConfig:
             (self.max_content_length >= 1024, "max_content_length", "must be >= 1024 bytes"),
             (self.admin_token is None or len(self.admin_token) >= 8, "admin_token", "must have >= 8 characters"),
             (self.retry_after_s >= 0, "retry_after_s", "must be >= 0"),
+            (self.parse_slots >= 1, "parse_slots", "must be >= 1"),
+            (self.parse_wait_ms >= 0, "parse_wait_ms", "must be >= 0"),
+            (self.resent_refusals_per_s is None or self.resent_refusals_per_s > 0, "resent_refusals_per_s",
+             "must be > 0 or null"),
             (self.upstream_servers is None or (
                 isinstance(self.upstream_servers, list) and all(isinstance(s, str) and s for s in self.upstream_servers)
                 and len(set(self.upstream_servers)) == len(self.upstream_servers) >= 1),

@@ -5,11 +5,14 @@ from __future__ import annotations
 import hmac
 import os
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 from werkzeug.exceptions import MethodNotAllowed, RequestEntityTooLarge, RequestTimeout
 
-from mindspore_relaygr.errors import Overloaded
+from mindspore_relaygr.errors import InvalidRequest, Overloaded
 from mindspore_relaygr.model.inputs import validate_candidates, validate_history
 from serving import headers, schemas
 from serving.engine_holder import FAILED, READY
@@ -18,6 +21,7 @@ from serving.state import AppState
 
 bp = Blueprint("relaygr", __name__)
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+cpu_clock: Callable[[], float] = time.thread_time  # CPU seconds of this thread (tests replace it)
 
 
 def _state() -> AppState:
@@ -35,16 +39,17 @@ def _raw_body() -> bytes:
     return data
 
 
-def _body() -> object:
-    """The parsed JSON body."""
-    return schemas.parse_json(_raw_body())
-
-
 @bp.post("/v1/preinfer")
 def preinfer() -> tuple[Response, int]:
     """Retrieval-time signal: maybe relay this user's prefix (202; the prefill runs asynchronously)."""
     st = _state()
-    req = schemas.parse_preinfer(_body(), st.limits, request.headers.get(headers.AFFINITY))
+    affinity = request.headers.get(headers.AFFINITY)
+    if not affinity:  # nginx would hash the empty key: its rank would likely land elsewhere, an orphan prefill
+        raise InvalidRequest(headers.AFFINITY, "is missing: send the percent-encoded user id in it, so that the "
+                                               "pre-infer and its rank reach the same instance")
+    data = _raw_body()
+    with _parsing_slot(st, refuse=False):  # a refused pre-infer would be retried away from its rank's instance
+        req = schemas.parse_preinfer(schemas.parse_json(data), st.limits, affinity)
     result = st.holder.get().preinfer(req.user_id, req.history, req.num_candidates)
     st.metrics.observe_preinfer(result)
     return jsonify({
@@ -60,18 +65,20 @@ def preinfer() -> tuple[Response, int]:
 def rank() -> Response:
     """Ranking-time request: score every candidate, served from the best cache tier available."""
     t0 = time.perf_counter()
-    st = _state()
+    st = _state()  # a rank the queue alone refuses was answered before Flask (serving.early_refusal)
+    affinity = request.headers.get(headers.AFFINITY)
     data = _raw_body()  # a client stalling mid-body holds a thread (until serving.client_timeout_s), never budget
-    req = schemas.parse_rank(schemas.parse_json(data), st.limits, request.headers.get(headers.AFFINITY))
-    engine = st.holder.get()
-    # Lists to arrays once: the prediction and the rank then re-check arrays, which costs next to nothing.
-    history = validate_history(st.config.model, req.history)
-    candidate_ids = validate_candidates(st.config.model, req.candidate_ids)
-    # Weighed by its predicted device time: a long history costs more than a short one, a cached one less
-    # (admission control needs a positive weight; a rank predicted at 0 ms still counts as a rank).
-    cost_ms = max(engine.predicted_rank_ms(req.user_id, history, candidate_ids), 1e-3) \
-        if st.admission is not None else 0.0
-    _admit(st, cost_ms)
+    with _parsing_slot(st, refuse=st.admission is not None):
+        req = schemas.parse_rank(schemas.parse_json(data), st.limits, affinity)
+        engine = st.holder.get()
+        # Lists to arrays once: the prediction and the rank then re-check arrays, which costs next to nothing.
+        history = validate_history(st.config.model, req.history)
+        candidate_ids = validate_candidates(st.config.model, req.candidate_ids)
+        # Weighed by its predicted device time: a long history costs more than a short one, a cached one less
+        # (admission control needs a positive weight; a rank predicted at 0 ms still counts as a rank).
+        cost_ms = max(engine.predicted_rank_ms(req.user_id, history, candidate_ids), 1e-3) \
+            if st.admission is not None else 0.0
+    _admit(st, cost_ms, last_try(st, affinity, request.headers.get(headers.ROUTED)), affinity or None)
     served = False
     try:
         result = engine.rank(req.user_id, history, candidate_ids, top_k=req.top_k)
@@ -79,7 +86,8 @@ def rank() -> Response:
     finally:
         if st.admission is not None:
             st.admission.finish(served, cost_ms)
-    st.metrics.observe_rank(result)
+    g.relaygr_served_rank = True
+    st.metrics.observe_rank(result, with_affinity=bool(affinity))
     ranking = [int(i) for i in result.ranking]
     timings = {k: float(v) for k, v in result.timings_ms.items()}
     timings["handler"] = (time.perf_counter() - t0) * 1e3
@@ -99,24 +107,48 @@ def rank() -> Response:
     return response
 
 
-def _admit(st: AppState, cost_ms: float) -> None:
-    """Refuse the rank now (503 + Retry-After) unless it can still finish inside the ranking SLO; decided
-    before it reaches the engine, so a refused rank costs the instance next to nothing. A rank that every
-    other instance behind nginx has refused (routed by the affinity hash, and this instance last in
-    its key's try order) gets the looser relay.last_try_factor x SLO: refusing it would fail the request."""
-    if st.admission is None:
-        return
-    key = request.headers.get(headers.AFFINITY)
+@contextmanager
+def _parsing_slot(st: AppState, refuse: bool) -> Iterator[None]:
+    """Hold one of serving.parse_slots while a read body is parsed and validated: many threads parsing at
+    once under the interpreter lock would slow the admitted ranks. (Reading the body waits on the client
+    and takes little CPU: a slot held through it would let a few stalled clients refuse everyone.) With
+    `refuse`, a request that gets no slot within serving.parse_wait_ms is refused (503); else it waits."""
+    timeout_s = st.settings.parse_wait_ms / 1e3 if refuse else None
+    if not st.parsing.acquire(timeout=timeout_s):
+        raise Overloaded(f"instance {st.instance_id} is overloaded: {st.settings.parse_slots} requests are being "
+                         f"parsed, none finished within {st.settings.parse_wait_ms:g} ms")
+    try:
+        yield
+    finally:
+        st.parsing.release()
 
-    def last_resort() -> bool:  # hashes the key: asked only when the normal budget would refuse
-        return (st.upstream is not None and bool(key) and request.headers.get(headers.ROUTED) == "affinity"
+
+def last_try(st: AppState, key: str | None, routed: str | None) -> Callable[[], bool]:
+    """Whether a rank with these affinity and X-RelayGR-Routed headers is on its last try: every other
+    instance behind nginx has refused it (routed by the affinity hash, and this instance last in its key's
+    try order). Hashes the key, so it is called only when the normal budget would refuse."""
+
+    def last_resort() -> bool:
+        return (st.upstream is not None and bool(key) and routed == "affinity"
                 and st.upstream.is_last_try(key, st.settings.upstream_address))
 
-    if st.admission.try_admit(last_resort=last_resort, size=cost_ms):
+    return last_resort
+
+
+def _admit(st: AppState, cost_ms: float, on_last_try: Callable[[], bool], key: str | None) -> None:
+    """Refuse the rank now (503 + Retry-After) unless it can still finish inside the ranking SLO; decided
+    before it reaches the engine, so a refused rank costs the instance next to nothing. A rank on its last
+    try (`on_last_try`) gets the looser relay.last_try_factor x SLO: refusing it would fail the request."""
+    if st.admission is None or st.admission.try_admit(last_resort=on_last_try, size=cost_ms, key=key):
         return
+    raise Overloaded(overloaded_message(st))
+
+
+def overloaded_message(st: AppState) -> str:
+    """The error of a rank refused by admission control: the queue it met."""
     view = st.admission.snapshot()
-    raise Overloaded(f"instance {st.instance_id} is overloaded: {view.in_flight} ranks ahead, about "
-                     f"{view.work_ahead_ms:.0f} ms of work, admission budget {view.budget_ms:.0f} ms")
+    return (f"instance {st.instance_id} is overloaded: {view.in_flight} ranks ahead, about "
+            f"{view.work_ahead_ms:.0f} ms of work, admission budget {view.budget_ms:.0f} ms")
 
 
 @bp.get("/healthz")
@@ -168,6 +200,7 @@ def stats() -> Response:
         "model_version": engine.model_version if engine is not None else None,
         "engine": engine.stats().to_dict() if ready and engine is not None else None,
         "admission": st.admission.snapshot().to_dict() if st.admission is not None else None,
+        "ranks_without_affinity": st.metrics.ranks_without_affinity,
     })
 
 
@@ -191,6 +224,7 @@ def _check_admin(token: str | None) -> None:
 @bp.before_app_request
 def _before() -> None:
     g.relaygr_t0 = time.perf_counter()
+    g.relaygr_cpu0 = cpu_clock()
     _state().holder.start()  # first request builds the engine when no post_fork hook did
 
 
@@ -206,7 +240,9 @@ def _after(response: Response) -> Response:
     if response.status_code == 503 and kind in ("overloaded", "not_ready"):
         st.metrics.observe_rejection(endpoint, kind)
     response.headers[headers.INSTANCE] = st.instance_id
-    _drain_body(4 * st.settings.max_content_length)
+    drain_body(request.environ.get("wsgi.input"), request.content_length, 4 * st.settings.max_content_length)
+    if st.admission is not None and not g.get("relaygr_served_rank"):  # the unit cost is fitted on ranks only
+        st.admission.spent_elsewhere((cpu_clock() - g.get("relaygr_cpu0", cpu_clock())) * 1e3)
     return response
 
 
@@ -222,16 +258,14 @@ def _route_label() -> str:
     return "unmatched"
 
 
-def _drain_body(max_bytes: int) -> None:
-    """Read what the view left of the request body (404, 405, 413...), up to `max_bytes`.
+def drain_body(stream: Any, declared: int | None, max_bytes: int) -> None:
+    """Read what the view left of the request body `stream` (404, 405, 413, an early 503...), up to `max_bytes`.
 
     gunicorn drains at most 64 KiB of an unread body and otherwise closes the kept-alive connection
     after the response, so a client (or nginx) reusing that connection would fail its next request.
     """
-    declared = request.content_length
     if declared is not None and declared > max_bytes:
         return  # too big to be worth reading: gunicorn closes this connection
-    stream = request.environ.get("wsgi.input")
     if stream is None:
         return
     total = 0

@@ -6,6 +6,7 @@ import importlib
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from mindspore_relaygr.errors import ConfigError
 from mindspore_relaygr.relay.admission import AdmissionControl
 from mindspore_relaygr.relay.router import NginxConsistentHash
 from serving import api
+from serving.early_refusal import EarlyRefusal, refusal_pacer
 from serving.engine_holder import Engine, EngineHolder
 from serving.errors import register_error_handler
 from serving.metrics import ServingMetrics
@@ -78,11 +80,14 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
     app = Flask("relaygr")
     app.json = _JSONProvider(app)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_content_length
-    app.extensions["relaygr"] = AppState(config, settings, Limits.from_config(config), holder,
+    app.extensions["relaygr"] = state = AppState(config, settings, Limits.from_config(config), holder,
                                          ServingMetrics(holder, instance_id), instance_id,
-                                         admission_control(config, settings), upstream_ring(settings))
+                                         admission_control(config, settings), upstream_ring(settings),
+                                         threading.BoundedSemaphore(settings.parse_slots))
     register_error_handler(app, settings.retry_after_s)
     app.register_blueprint(api.bp)
+    # a rank the queue alone refuses never reaches Flask
+    app.wsgi_app = EarlyRefusal(app.wsgi_app, state, refusal_pacer(settings))
     return app
 
 

@@ -1,6 +1,6 @@
 """The `relaygr` command: the library's commands plus `relaygr serve` (one instance: gunicorn, one
-worker process), `relaygr cluster` (N instances + nginx), `relaygr bench cluster`, `relaygr bench overload` and
-`relaygr bench soak`.
+worker process), `relaygr cluster` (N instances + nginx), `relaygr bench cluster`, `relaygr bench overload`,
+`relaygr bench retry` and `relaygr bench soak`.
 
 The console script `relaygr` runs `main` here (`python -m serving.cli ...` is the same), because the
 library (`mindspore_relaygr.cli`) never imports `serving`: these commands reach its parser through
@@ -35,13 +35,16 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction, bench_subparsers: argparse._SubParsersAction) -> None:
-    """Add `serve`, `cluster`, `bench cluster`, `bench overload` and `bench soak` to the `relaygr` parser."""
+    """Add `serve`, `cluster`, `bench cluster`, `bench overload`, `bench retry` and `bench soak` to the
+    `relaygr` parser."""
     from serving.cluster_bench import register as register_cluster_bench
     from serving.overload_bench import register as register_overload_bench
+    from serving.retry_bench import register as register_retry_bench
     from serving.soak_bench import register as register_soak_bench
 
     register_cluster_bench(bench_subparsers)
     register_overload_bench(bench_subparsers)
+    register_retry_bench(bench_subparsers)
     register_soak_bench(bench_subparsers)
     serve = subparsers.add_parser("serve", help="run one serving instance (gunicorn, 1 worker, gthread threads)")
     _add_config_args(serve)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -175,6 +176,11 @@ class ServingMetrics:
         self.rejections = Counter("relaygr_rejections", "Requests answered 503 (overloaded or not ready).",
                                   ["endpoint", "reason"], registry=r)
         self.truncations = Counter("relaygr_truncations", "Ranks computed on a truncated history.", registry=r)
+        self.no_affinity = Counter("relaygr_ranks_without_affinity",
+                                   "Ranks served without an X-RelayGR-Affinity header (behind nginx: round-robined, "
+                                   "so they cannot meet their pre-infer's prefix).", registry=r)
+        self._no_affinity_lock = threading.Lock()
+        self._no_affinity_count = 0
         for tier in CACHE_TIERS:
             self.rank_tiers.labels(tier)
         for reason in (*REASONS, "disabled"):
@@ -188,12 +194,22 @@ class ServingMetrics:
         self.requests.labels(endpoint, method, str(status)).inc()
         self.latency.labels(endpoint, cache or NO_TIER).observe(seconds)
 
-    def observe_rank(self, result: RankResult) -> None:
+    def observe_rank(self, result: RankResult, with_affinity: bool = True) -> None:
         self.rank_tiers.labels(result.cache).inc()
+        if not with_affinity:
+            self.no_affinity.inc()
+            with self._no_affinity_lock:
+                self._no_affinity_count += 1
         if result.truncated:
             self.truncations.inc()
         for phase, ms in result.timings_ms.items():
             self.rank_phase.labels(phase).observe(ms / 1e3)
+
+    @property
+    def ranks_without_affinity(self) -> int:
+        """Ranks served without the affinity header (the relaygr_ranks_without_affinity counter)."""
+        with self._no_affinity_lock:
+            return self._no_affinity_count
 
     def observe_preinfer(self, result: PreinferResult) -> None:
         self.trigger.labels(result.reason).inc()

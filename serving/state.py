@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from mindspore_relaygr.config import RelayGRConfig, ServingConfig
@@ -22,3 +23,4 @@ class AppState:
     instance_id: str
     admission: AdmissionControl | None  # None: relay.admission_fraction is null (admit every rank)
     upstream: NginxConsistentHash | None  # nginx's try order over serving.upstream_servers (None: not set)
+    parsing: threading.Semaphore  # serving.parse_slots: requests whose body is being parsed and validated

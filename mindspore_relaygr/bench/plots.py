@@ -195,6 +195,31 @@ def plot_cluster(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_retry(report: dict[str, Any], path: Path) -> None:
+    """`relaygr bench retry`: goodput and refusals per connection count; P99 of the 200s and median 503 vs the SLO."""
+    plt = pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    rows = sorted(report["rows"], key=lambda r: r["connections"])
+    conns = [r["connections"] for r in rows]
+    ax.plot(conns, [r["goodput_rps"] for r in rows], "o-", label="goodput (200s per second)")
+    ax.plot(conns, [r["refusals_per_s"] for r in rows], "s--", label="503s per second (resent at once)")
+    ax.set(xscale="log", xlabel="connections", ylabel="per second", title="one instance, immediate retries")
+    ax.legend(fontsize=8)
+    nan = float("nan")
+    p99 = [r["ok_p99_ms"] if r["ok_p99_ms"] is not None else nan for r in rows]
+    bx.plot(conns, p99, "o-", label="P99 of the 200s")
+    bx.plot(conns, [r["refusal_p50_ms"] if r["refusal_p50_ms"] is not None else nan for r in rows], "s--",
+            label="median 503 latency")
+    bx.axhline(report["slo_ms"], color="red", linestyle="--", label=f"SLO {report['slo_ms']:g} ms")
+    bx.set(xscale="log", xlabel="connections", ylabel="ms", title="latency")
+    bx.legend(fontsize=8)
+    for axis in (ax, bx):  # one plain tick per connection count, not the log scale's minor ones
+        axis.minorticks_off()
+        axis.set_xticks(conns, [str(c) for c in conns])
+    save_figure(fig, path)
+    plt.close(fig)
+
+
 def plot_overload(report: dict[str, Any], path: Path) -> None:
     """`relaygr bench overload`: goodput and 503s vs offered load; accepted-rank P99 and 503 latency vs the SLO."""
     plt = pyplot()

@@ -12,7 +12,11 @@ engine's latency model, so a long history weighs more than a short one and a cac
 what a unit costs is learned from departures: while the server is busy, the time between two
 consecutive completions, divided by the size of the rank that completed, is the time per unit,
 whatever the bottleneck is (device thread, interpreter lock, JSON, a neighbour on the same cores).
-Its exponentially weighted mean is the unit cost. The work ahead is what remains of it: the ranks in
+Its exponentially weighted mean is the unit cost. It is fitted on rank service time only: the time the
+server reports spending on anything else meanwhile (`spent_elsewhere`: a refusal, a bad request, a
+scrape, each measured as its handler thread's CPU time) is taken out of that spacing first. Without
+that, clients that resend a refused rank at once make every departure look slow, the cost rises
+tenfold and the instance admits one rank at a time. The work ahead is what remains of it: the ranks in
 flight have been served since the last departure (or since the busy period began), so that time is
 taken off their `W * cost`, up to the mean size `m = W * cost / n` of one of the `n` of them (only the
 rank in service has started). A rank in service past `m` is running late, and a late rank is taken to
@@ -30,14 +34,26 @@ The budget is a fraction of the SLO so that a refused rank still has time to be 
 instance. A rank that reached its last instance (every other one refused it) has no next one:
 refusing it fails the request, so it is measured against the looser `last_resort_budget_ms` (serving
 sets relay.last_try_factor x the SLO): served late rather than failed, within a bound.
+
+`refuse_early` takes the decision before the request is read, where the queue alone decides: when the
+work ahead alone is over the budget, or the rank is the retry of one refused with its key (the affinity
+header: a client resends the same rank) and that size still does not fit. The server then answers 503
+without reading or parsing the body, so clients that resend at once cost it next to nothing. A key's
+size is remembered from its last refusal until it is admitted (at most MAX_REMEMBERED keys); a smaller
+rank of the same user is held to it until the queue has room for the remembered one.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+ADMIT, LAST_RESORT, REFUSE = "admit", "last_resort", "refuse"
+RESENT, QUEUE_FULL = "resent", "queue_full"  # why `refuse_early` refused
+MAX_REMEMBERED = 4096  # keys whose refused size is kept for `refuse_early`
 
 
 @dataclass(frozen=True)
@@ -102,27 +118,67 @@ class AdmissionControl:
         self._period_start: float | None = None  # start of the current busy period
         self._busy_s = 0.0  # length of the busy periods that ended
         self._served = 0
+        self._elsewhere_ms = 0.0  # time spent on other requests since the last departure (or busy start)
+        self._refused_sizes: OrderedDict[str, float] = OrderedDict()  # key -> size of its last refusal
 
-    def try_admit(self, last_resort: bool | Callable[[], bool] = False, size: float = 1.0) -> bool:
+    def try_admit(self, last_resort: bool | Callable[[], bool] = False, size: float = 1.0,
+                  key: str | None = None) -> bool:
         """True (and the rank counts as in flight until `finish(size=...)`) if it is predicted to meet the
         budget: budget_ms, or last_resort_budget_ms for a rank that no other instance will be asked to serve.
-        `last_resort` may be a function: it is called only when budget_ms alone would refuse the rank."""
+        `last_resort` may be a function: it is called only when budget_ms alone would refuse the rank. A
+        refused rank's size is remembered under `key` for `refuse_early`."""
         if not size > 0:
             raise ValueError(f"size={size!r}: must be > 0")
         with self._lock:
-            predicted_ms = self._work * self._cost_ms - self._served_ms_locked() + size * self._cost_ms
-            if self._in_flight > 0 and predicted_ms > self.budget_ms:
-                on_last_try = last_resort() if callable(last_resort) else last_resort
-                if not on_last_try or predicted_ms > self.last_resort_budget_ms:
-                    self._rejected += 1
-                    return False
+            verdict = self._verdict_locked(size, last_resort)
+            if verdict == REFUSE:
+                self._rejected += 1
+                if key is not None:
+                    self._remember_locked(key, size)
+                return False
+            if key is not None:
+                self._refused_sizes.pop(key, None)
+            if verdict == LAST_RESORT:
                 self._admitted_last_resort += 1
             if self._in_flight == 0:
                 self._busy_since = self._period_start = self._clock()
+                self._elsewhere_ms = 0.0
             self._in_flight += 1
             self._work += size
             self._admitted += 1
             return True
+
+    def refuse_early(self, key: str | None = None, last_resort: bool | Callable[[], bool] = False) -> str | None:
+        """Why a rank is refused before its size is known (counted as a refusal): RESENT, `key` was refused
+        before and its last size still does not fit; QUEUE_FULL, the work ahead alone is over the budget.
+        None says nothing about the rank: `try_admit` decides once its size is known."""
+        with self._lock:
+            size = self._refused_sizes.get(key) if key is not None else None
+            if self._in_flight == 0 or self._verdict_locked(size or 0.0, last_resort) != REFUSE:
+                return None
+            self._rejected += 1
+            return QUEUE_FULL if size is None else RESENT
+
+    def _remember_locked(self, key: str, size: float) -> None:
+        self._refused_sizes[key] = size
+        self._refused_sizes.move_to_end(key)
+        if len(self._refused_sizes) > MAX_REMEMBERED:
+            self._refused_sizes.popitem(last=False)
+
+    def spent_elsewhere(self, ms: float) -> None:
+        """The server spent `ms` on something other than a served rank (a refusal, a bad request, another
+        endpoint): while ranks are in flight it is taken out of the spacing of the next departure."""
+        with self._lock:
+            if self._in_flight > 0 and ms > 0:
+                self._elsewhere_ms += ms
+
+    def _verdict_locked(self, size: float, last_resort: bool | Callable[[], bool]) -> str:
+        """ADMIT, LAST_RESORT (over budget_ms, within last_resort_budget_ms, on its last try) or REFUSE."""
+        predicted_ms = self._work * self._cost_ms - self._served_ms_locked() + size * self._cost_ms
+        if self._in_flight == 0 or predicted_ms <= self.budget_ms:
+            return ADMIT
+        on_last_try = last_resort() if callable(last_resort) else last_resort
+        return LAST_RESORT if on_last_try and predicted_ms <= self.last_resort_budget_ms else REFUSE
 
     def finish(self, served: bool = True, size: float = 1.0) -> None:
         """An admitted rank (of the `size` it was admitted with) left the server. A served one teaches the
@@ -135,9 +191,10 @@ class AdmissionControl:
             if served:
                 self._served += 1
                 if self._busy_since is not None:
-                    sample_ms = (now - self._busy_since) * 1e3 / size
-                    self._cost_ms += self._smoothing * (sample_ms - self._cost_ms)
+                    spacing_ms = max((now - self._busy_since) * 1e3 - self._elsewhere_ms, 0.0)
+                    self._cost_ms += self._smoothing * (spacing_ms / size - self._cost_ms)
                     self._busy_since = now
+                    self._elsewhere_ms = 0.0
             self._in_flight -= 1
             self._work = max(self._work - size, 0.0)
             if self._in_flight == 0:

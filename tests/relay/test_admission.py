@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from mindspore_relaygr.relay import admission
 from mindspore_relaygr.relay.admission import AdmissionControl
 
 
@@ -201,3 +202,50 @@ def test_the_credit_for_served_work_is_at_most_one_mean_rank_and_a_late_rank_los
     clock.advance_ms(200.0)  # stalled far past twice its prediction: no credit left, never a negative one
     assert ctl.snapshot().served_ms == 0.0 and ctl.snapshot().work_ahead_ms == pytest.approx(144.0)
     assert not ctl.try_admit(size=1.0)  # 144 + 1 > 105
+
+
+def test_time_spent_elsewhere_is_taken_out_of_the_departure_spacing():
+    clock = FakeClock()
+    ctl = AdmissionControl(budget_ms=100.0, initial_cost_ms=10.0, smoothing=1.0, clock=clock)
+    assert ctl.try_admit() and ctl.try_admit()
+    clock.advance_ms(10.0)
+    ctl.finish()
+    assert ctl.snapshot().cost_ms == pytest.approx(10.0)
+    for _ in range(20):  # refusals (and their CPU time) between two departures
+        assert not ctl.try_admit(size=50.0)
+        ctl.spent_elsewhere(0.5)
+    clock.advance_ms(20.0)
+    ctl.finish()  # 20 ms after the last departure, 10 of them spent on the refusals
+    assert ctl.snapshot().cost_ms == pytest.approx(10.0)
+    ctl.spent_elsewhere(5.0)  # idle: nothing to take it from, and it is not carried into the next busy period
+    assert ctl.try_admit()
+    clock.advance_ms(8.0)
+    ctl.finish()
+    assert ctl.snapshot().cost_ms == pytest.approx(8.0)
+
+
+def test_refuse_early_needs_the_queue_alone_over_the_budget_or_a_key_whose_refused_size_still_does_not_fit():
+    clock = FakeClock()
+    ctl = AdmissionControl(budget_ms=50.0, initial_cost_ms=10.0, clock=clock)
+    assert not ctl.refuse_early("u1")  # idle: everything is admitted
+    assert ctl.try_admit(size=4.0)
+    assert not ctl.try_admit(size=2.0, key="u1")  # 40 + 20 > 50: u1's size is remembered
+    assert ctl.try_admit(size=1.0, key="u2")  # 40 + 10 <= 50
+    assert ctl.snapshot().work_ahead_ms == pytest.approx(50.0)
+    assert not ctl.refuse_early()  # an unknown rank might still be small enough: the queue alone is at the budget
+    assert ctl.refuse_early("u1") == admission.RESENT  # 50 + 20 > 50 without reading it
+    assert (ctl.snapshot().admitted, ctl.snapshot().rejected) == (2, 2)
+    clock.advance_ms(30.0)  # 30 ms of the rank in service are done: 20 + 20 <= 50, u1 goes to try_admit
+    assert not ctl.refuse_early("u1")
+    assert ctl.try_admit(size=2.0, key="u1")  # admitted: its size is forgotten
+    clock.advance_ms(200.0)  # the rank in service is late past twice its time: no credit, 70 ms ahead
+    assert ctl.refuse_early() == ctl.refuse_early("u1") == ctl.refuse_early("never seen") == admission.QUEUE_FULL
+
+
+def test_at_most_max_remembered_keys_are_kept(monkeypatch):
+    monkeypatch.setattr("mindspore_relaygr.relay.admission.MAX_REMEMBERED", 2)
+    ctl = AdmissionControl(budget_ms=10.0, initial_cost_ms=10.0, clock=FakeClock())
+    assert ctl.try_admit()
+    for key in ("a", "b", "c"):
+        assert not ctl.try_admit(size=1.0, key=key)
+    assert [ctl.refuse_early(k) for k in ("a", "b", "c")] == [None, admission.RESENT, admission.RESENT]  # "a" dropped

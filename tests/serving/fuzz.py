@@ -76,7 +76,8 @@ class HostileRequests:
 
     def _probe(self, endpoint: str, body: dict | bytes, what: str, hdrs: dict | None = None) -> Probe:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return Probe("POST", endpoint, data, what, {"Content-Type": "application/json", **(hdrs or {})})
+        return Probe("POST", endpoint, data, what,
+                     {"Content-Type": "application/json", **_preinfer_affinity(endpoint, body), **(hdrs or {})})
 
     # ------------------------------------------------------------------ mutations
     def _garbage(self, endpoint: str, body: dict) -> Probe:
@@ -185,3 +186,15 @@ class HostileRequests:
     def _oversize(self, endpoint: str, body: dict) -> Probe:
         body["padding"] = "p" * (self.max_body + 1)
         return self._probe(endpoint, body, "body over the size limit")
+
+
+def _preinfer_affinity(endpoint: str, body: dict | bytes) -> dict[str, str]:
+    """The affinity header a pre-infer needs to have its body checked at all (without it, a 400 on the header):
+    its body's user id, or a fixed one for a body that is not an object with one (never a valid request)."""
+    if endpoint != "/v1/preinfer" or (isinstance(body, dict) and "user_id" not in body):
+        return {}
+    user_id = body.get("user_id") if isinstance(body, dict) else None
+    try:
+        return {headers.AFFINITY: headers.encode_affinity(user_id) if isinstance(user_id, str) and user_id else "fuzz"}
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 form
+        return {headers.AFFINITY: "fuzz"}

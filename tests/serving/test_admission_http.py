@@ -4,6 +4,7 @@ PREDICTED_MS_PER_EVENT per event, so rank_body's 20 events weigh 5 ms."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import threading
@@ -14,11 +15,12 @@ from mindspore_relaygr.config import load_config
 from mindspore_relaygr.errors import ConfigError
 from mindspore_relaygr.relay.admission import AdmissionControl
 from mindspore_relaygr.relay.router import NginxConsistentHash
+from serving import api
 from serving.app import create_app
 from serving.settings import resolve_settings
 from tests.conftest import CONFIGS
 from tests.relay.test_admission import FakeClock
-from tests.serving.conftest import FakeEngine, rank_body
+from tests.serving.conftest import FakeEngine, preinfer_body, rank_body
 from tests.serving.fake_engine import PREDICTED_MS_PER_EVENT
 
 
@@ -208,3 +210,104 @@ def test_a_cached_rank_weighs_what_the_engine_predicts_for_it():
     engine.release.set()
     t.join(30)
     cached.join(30)
+
+
+def fill_the_budget(client, engine, n: int = 8) -> list[threading.Thread]:
+    """`n` ranks of 5 predicted ms in flight (the budget of make_app(0.5), before any departure: 40 ms)."""
+    threads = [threading.Thread(target=post_rank, args=(client, rank_body(f"u{i}"))) for i in range(n)]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        assert engine.entered.acquire(timeout=30)
+    return threads
+
+
+def test_a_resent_rank_is_refused_before_its_body_is_read(monkeypatch):
+    app, engine = make_app(fraction=0.5)
+    client = app.test_client()
+    threads = fill_the_budget(client, engine)
+    hdrs = {"X-RelayGR-Affinity": "again"}
+    resp = client.post("/v1/rank", json=rank_body("again"), headers=hdrs)
+    assert resp.status_code == 503  # read, parsed and sized: 40 + 5 > 40; its size is remembered under its key
+    parsed: list[bytes] = []
+    real_parse = api.schemas.parse_json
+    monkeypatch.setattr(api.schemas, "parse_json", lambda data: parsed.append(data) or real_parse(data))
+    for body in (json.dumps(rank_body("again")).encode(), b"{not json", b"x" * (8 * 1024 * 1024)):  # huge: > 413
+        resp = client.post("/v1/rank", data=body, content_type="application/json", headers=hdrs)
+        assert resp.status_code == 503 and resp.headers["Retry-After"] == "1"
+    assert parsed == []  # the queue alone decided: no body was parsed
+    assert client.get("/v1/stats").get_json()["admission"]["rejected"] == 4
+    assert post_rank(client, b"{not json")[0] == 400  # no key: the queue alone (40 ms) leaves room, so it is read
+    engine.release.set()
+    for t in threads:
+        t.join(30)
+    assert client.post("/v1/rank", json=rank_body("again"), headers=hdrs).status_code == 200
+
+
+def test_refusals_do_not_move_the_unit_cost(clock, monkeypatch):
+    cpu = FakeClock()  # the handler threads' CPU time: every request costs 2 ms of it
+    monkeypatch.setattr(api, "cpu_clock", lambda: cpu.now, raising=False)
+    real_before = api._before
+
+    def before() -> None:
+        real_before()
+        cpu.advance_ms(2.0)
+
+    app, engine = make_app(fraction=0.25)  # budget 20 ms; a predicted ms costs 1 ms before any departure
+    app.before_request_funcs[None] = [before if f is real_before else f for f in app.before_request_funcs[None]]
+    client = app.test_client()
+    threads = fill_the_budget(client, engine, n=1)  # 5 ms in flight
+    for _ in range(10):
+        assert post_rank(client, rank_body("big", n=80))[0] == 503  # 5 + 20 > 20
+    clock.advance_ms(30.0)  # 20 ms of it spent on the refusals, 10 on the rank
+    engine.release.set()
+    threads[0].join(30)
+    # the rank took 10 ms for 5 predicted: 2 per unit, 1.05 after one step of 0.05 (6 per unit counting refusals)
+    assert client.get("/v1/stats").get_json()["admission"]["cost_ms"] == pytest.approx(1.05)
+
+
+def test_requests_parsed_at_once_are_bounded(monkeypatch):
+    app, engine = make_app(fraction=0.5)
+    app.extensions["relaygr"] = dataclasses.replace(app.extensions["relaygr"], parsing=threading.BoundedSemaphore(1))
+    engine.release.set()
+    client = app.test_client()
+    inside, leave = threading.Semaphore(0), threading.Event()
+    real_parse = api.schemas.parse_rank
+
+    def slow_parse(body, limits, affinity=None):
+        if body.get("user_id") == "slow":
+            inside.release()
+            assert leave.wait(30)
+        return real_parse(body, limits, affinity)
+
+    monkeypatch.setattr(api.schemas, "parse_rank", slow_parse)
+    results: list[int] = []
+    slow = threading.Thread(target=lambda: results.append(post_rank(client, rank_body("slow"))[0]))
+    slow.start()
+    assert inside.acquire(timeout=30)  # "slow" holds the only slot
+    status, body, hdrs = post_rank(client, rank_body("other"))
+    assert status == 503 and hdrs["Retry-After"] == "1" and "being parsed" in body["error"]
+    pre = threading.Thread(target=lambda: results.append(
+        client.post("/v1/preinfer", json=preinfer_body("p"), headers={"X-RelayGR-Affinity": "p"}).status_code))
+    pre.start()  # a pre-infer is never refused for a slot: it waits
+    leave.set()
+    slow.join(30)
+    pre.join(30)
+    assert sorted(results) == [200, 202]
+
+
+def test_admission_off_waits_for_a_parsing_slot(monkeypatch):
+    app, engine = make_app(fraction=None)
+    app.extensions["relaygr"] = dataclasses.replace(app.extensions["relaygr"], parsing=threading.BoundedSemaphore(1))
+    engine.release.set()
+    client = app.test_client()
+    st = app.extensions["relaygr"]
+    assert st.parsing.acquire(timeout=1)  # the slot is taken
+    done: list[int] = []
+    waiting = threading.Thread(target=lambda: done.append(post_rank(client, rank_body("w"))[0]))
+    waiting.start()
+    waiting.join(0.2)  # not an ordering sleep: the rank must still be waiting whatever the timing
+    assert done == []
+    st.parsing.release()
+    waiting.join(30)
+    assert done == [200]

@@ -85,7 +85,8 @@ def test_preinfer_and_rank_with_a_unicode_user_id(client, fake_engine, user_id, 
         del pre["user_id"], rank["user_id"]
     affinity = None if mode == "body_only" else encode_affinity(user_id)
     raw = mode == "header_and_raw_utf8_body"
-    resp = post(client, "/v1/preinfer", pre, affinity, raw)
+    # a pre-infer without the header is a 400 (test_affinity_rule): body_only applies to the rank
+    resp = post(client, "/v1/preinfer", pre, affinity or encode_affinity(user_id), raw)
     assert resp.status_code == 202, resp.json
     assert fake_engine.calls[-1] == ("preinfer", user_id)
     resp = post(client, "/v1/rank", rank, affinity, raw)

@@ -24,7 +24,10 @@ JSON = "application/json"
 
 
 def post(client, path, body, **kw):
+    """POST as a client behind nginx would: a pre-infer carries its user's affinity header unless given."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    if path == "/v1/preinfer" and "headers" not in kw and isinstance(body, dict):
+        kw["headers"] = {headers.AFFINITY: headers.encode_affinity(str(body.get("user_id", KNOWN_USER)))}
     return client.post(path, data=data, content_type=JSON, **kw)
 
 
@@ -234,7 +237,7 @@ import sys
 from mindspore_relaygr import load_config
 from serving.app import create_app
 from tests.conftest import CONFIGS, REPO
-from tests.serving.conftest import preinfer_body, rank_body
+from tests.serving.conftest import KNOWN_USER, preinfer_body, rank_body
 from tests.serving.fake_engine import FakeEngine
 cfg = load_config("configs/tiny.yaml")
 create_app(cfg)  # the production factory is only referenced, not called
@@ -242,7 +245,7 @@ app = create_app(cfg, engine_factory=FakeEngine.from_config)
 c = app.test_client()
 assert c.get("/healthz").status_code == 200
 assert app.extensions["relaygr"].holder.wait(10)
-assert c.post("/v1/preinfer", json=preinfer_body()).status_code == 202
+assert c.post("/v1/preinfer", json=preinfer_body(), headers={"X-RelayGR-Affinity": KNOWN_USER}).status_code == 202
 assert c.post("/v1/rank", json=rank_body()).status_code == 200
 assert c.post("/v1/rank", data=b"{").status_code == 400
 assert c.get("/metrics").status_code == 200 and c.get("/v1/stats").status_code == 200
@@ -359,6 +362,8 @@ def test_bad_requests_get_a_json_4xx_and_never_reach_the_engine(client, fake_eng
     entry = fake_engine.cache_entry(KNOWN_USER)
     calls = len(fake_engine.calls)
     data = body if isinstance(body, bytes | type(None)) else json.dumps(body).encode()
+    if path == "/v1/preinfer":
+        extra = {headers.AFFINITY: KNOWN_USER, **extra}
     resp = client.open(path, method=method, data=data, content_type=JSON, headers=extra)
     assert resp.status_code == status, resp.get_data(as_text=True)[:500]
     assert resp.content_type == JSON and set(resp.json) == {"error", "field"}

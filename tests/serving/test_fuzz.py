@@ -26,7 +26,7 @@ def test_hostile_requests_all_get_4xx_and_leave_the_known_user_alone(tiny_config
     engine = FakeEngine(tiny_config, "f0")
     settings = resolve_settings(tiny_config, max_content_length=MAX_BODY)
     client = create_app(tiny_config, engine=engine, settings=settings).test_client()
-    assert client.post("/v1/preinfer", json=preinfer_body()).json["admitted"]
+    assert client.post("/v1/preinfer", json=preinfer_body(), headers={headers.AFFINITY: KNOWN_USER}).json["admitted"]
     entry = engine.cache_entry(KNOWN_USER)
     calls = len(engine.calls)
     probes = HostileRequests(seed=1234, limits=Limits.from_config(tiny_config), known_user=KNOWN_USER,

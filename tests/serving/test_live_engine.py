@@ -128,7 +128,8 @@ def test_live_instance_survives_hostile_traffic_and_keeps_the_known_users_cache(
     with serve(tmp_path, "f0", config=TINY, overrides=(*SERVER, *fast_start)) as (url, proc, log):
         s = session()
         hist, cands = history(5, 90), candidates(5)
-        assert s.post(f"{url}/v1/preinfer", json={"user_id": "known", "history": hist}, timeout=TIMEOUT).json()[
+        assert s.post(f"{url}/v1/preinfer", json={"user_id": "known", "history": hist},
+                      headers={headers.AFFINITY: "known"}, timeout=TIMEOUT).json()[
             "admitted"]
         wait_cached(s, url, "known", hist)
         worker = s.get(f"{url}/healthz", timeout=TIMEOUT).json()["pid"]

@@ -25,7 +25,7 @@ from tests.conftest import REPO
 from tests.serving.conftest import KNOWN_USER, preinfer_body, rank_body
 from tests.serving.fake_engine import fake_scores
 from tests.serving.fuzz import EXPECTED_STATUSES, HostileRequests
-from tests.serving.servers import FAKE_FACTORY, TIMEOUT, cluster, group_members, serve, session
+from tests.serving.servers import FAKE_FACTORY, HOST, TIMEOUT, cluster, group_members, serve, session, tail
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,8 @@ def test_serve_execs_gunicorn_with_one_worker_and_stops_on_sigterm(tmp_path):
         stats = s.get(f"{url}/v1/stats", timeout=TIMEOUT).json()
         worker = stats["pid"]
         assert worker != proc.pid and sorted(group_members(proc.pid)) == sorted([proc.pid, worker])
-        resp = s.post(f"{url}/v1/preinfer", json=preinfer_body(), timeout=TIMEOUT)
+        resp = s.post(f"{url}/v1/preinfer", json=preinfer_body(), headers={headers.AFFINITY: KNOWN_USER},
+                      timeout=TIMEOUT)
         assert resp.status_code == 202 and resp.headers[headers.INSTANCE] == "s0"
         resp = s.post(f"{url}/v1/rank", json=rank_body(), timeout=TIMEOUT)
         assert resp.status_code == 200 and resp.headers[headers.CACHE] == "device"
@@ -89,7 +90,8 @@ def test_live_instance_survives_hostile_traffic(tmp_path, tiny_config):
 
     with serve(tmp_path, "z0", engine_factory=FAKE_FACTORY) as (url, proc, log):
         s = session()
-        assert s.post(f"{url}/v1/preinfer", json=preinfer_body(), timeout=TIMEOUT).json()["admitted"]
+        assert s.post(f"{url}/v1/preinfer", json=preinfer_body(), headers={headers.AFFINITY: KNOWN_USER},
+                      timeout=TIMEOUT).json()["admitted"]
         worker = s.get(f"{url}/healthz", timeout=TIMEOUT).json()["pid"]
         probes = HostileRequests(seed=99, limits=Limits.from_config(tiny_config), known_user=KNOWN_USER,
                                  max_body=4 * 1024 * 1024).probes(250)
@@ -205,3 +207,38 @@ def test_cluster_refuses_a_busy_run_dir_and_reports_a_missing_one(tmp_path):
                               str(tmp_path / "nope")], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no cluster was started" in missing.stderr
 
+
+
+@pytest.mark.slow
+def test_a_rank_refused_before_its_body_is_read_keeps_the_connection_alive(tmp_path):
+    """With a rank in flight that alone is over the admission budget, ranks are refused before Flask parses
+    them; their bodies (one over gunicorn's 64 KiB drain) are drained, so one kept-alive connection carries
+    every refusal and the next request."""
+    import threading
+
+    env = {"RELAYGR_FAKE_RANK_MS": "3000"}  # predicted and served in 3 s: over the 30 ms budget by itself
+    with serve(tmp_path, engine_factory=FAKE_FACTORY, env=env) as (url, _, log):
+        s = session()
+        holder = threading.Thread(target=lambda: s.post(f"{url}/v1/rank", json=rank_body("holder"), timeout=TIMEOUT))
+        holder.start()
+        deadline = time.monotonic() + 30
+        while session().get(f"{url}/v1/stats", timeout=TIMEOUT).json()["admission"]["in_flight"] == 0:
+            assert time.monotonic() < deadline, tail(log)
+            time.sleep(0.05)
+        conn = http.client.HTTPConnection(HOST, int(url.rsplit(":", 1)[1]), timeout=TIMEOUT[1])
+        sockets = []
+        for body in (json.dumps(rank_body("r")).encode(), b"{not json", b"x" * 100_000):
+            conn.request("POST", "/v1/rank", body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            doc = json.loads(resp.read())
+            assert resp.status == 503 and resp.getheader("Retry-After") == "1"
+            assert resp.getheader(headers.INSTANCE) == "s0"
+            assert doc["field"] is None and "overloaded" in doc["error"]
+            sockets.append(conn.sock)
+        holder.join(TIMEOUT[1])
+        conn.request("GET", "/metrics")
+        metrics = conn.getresponse().read().decode()
+        sockets.append(conn.sock)
+        assert all(sock is sockets[0] for sock in sockets)  # never reconnected
+        assert 'relaygr_rejections_total{endpoint="/v1/rank",reason="overloaded"} 3.0' in metrics
+        assert 'relaygr_http_requests_total{endpoint="/v1/rank",method="POST",status="503"} 3.0' in metrics

@@ -27,7 +27,8 @@ def body(user, seed, rank=True):
 def drive(client, engine):
     """5 relayed users (the first spilled to DRAM), a DRAM-served rank and a miss."""
     for seed, user in enumerate(USERS):
-        assert client.post("/v1/preinfer", json=body(user, seed, rank=False)).json["admitted"]
+        assert client.post("/v1/preinfer", json=body(user, seed, rank=False),
+                           headers={"X-RelayGR-Affinity": user}).json["admitted"]
         engine.wait_prefills(60)
         assert client.post("/v1/rank", json=body(user, seed)).json["cache"] == "device"
     assert client.post("/v1/rank", json=body(USERS[0], 0)).json["cache"] == "dram"

@@ -33,8 +33,9 @@ def stalled_request(k: int) -> tuple[bytes, bool]:
     if k % 2 == 0:
         return b"POST /v1/rank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Stall", False
     path = b"/v1/preinfer" if k % 4 == 1 else b"/v1/rank"
-    return b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n" \
-           b'{"user_id": "stalled-%d", "history": {"item_ids": [1, 2' % (path, k), True
+    return b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n" \
+           b"X-RelayGR-Affinity: stalled-%d\r\n\r\n" \
+           b'{"user_id": "stalled-%d", "history": {"item_ids": [1, 2' % (path, k, k), True
 
 
 @contextmanager
