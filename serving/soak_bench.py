@@ -68,7 +68,11 @@ TARGET_SHARE = 0.9
 # The tiny model's full path is predicted at ~2 ms whatever the history, far below the trigger's budget of
 # slo_ms * risk_margin = 40 ms, so no pre-infer would be at risk and none admitted. A small risk margin
 # (budget 0.5 ms) puts every history at risk while slo_ms, and with it rank admission control, stays as it is.
-DEFAULT_BENCH_OVERRIDES = ("trigger.risk_margin=0.01",)
+# The pool is sized for the cascade, as a deployment would size it: an instance holds each admitted pre-infer
+# for its gap (followers, ~0.35 s) or its ready TTL (orphans and late ranks, 2 s), i.e. by Little's law about
+# 12/s x (0.6 x 0.35 + 0.3 x 2) ~ 10 relays at the default rate, plus returning users' cached prefixes; the
+# tiny config's 4 slots (a few KB each) are a unit-test size.
+DEFAULT_BENCH_OVERRIDES = ("trigger.risk_margin=0.01", "cache.num_slots=32")
 DEFAULT_OUTPUT = "model_zoo/relaygr_hstu/results/bench_soak"
 
 
