@@ -73,7 +73,7 @@ TARGET_SHARE = 0.9
 # 12/s x (0.6 x 0.35 + 0.3 x 2) ~ 10 relays at the default rate, plus returning users' cached prefixes; the
 # tiny config's 4 slots (a few KB each) are a unit-test size.
 DEFAULT_BENCH_OVERRIDES = ("trigger.risk_margin=0.01", "cache.num_slots=32")
-DEFAULT_OUTPUT = "model_zoo/relaygr_hstu/results/bench_soak"
+DEFAULT_OUT = "outputs/bench_soak.json"
 
 
 # ---------------------------------------------------------------------- the mix and the workload
@@ -799,8 +799,8 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ready-timeout", type=float, default=900.0, help="max start-up / restart time (s)")
     p.add_argument("--no-bench-overrides", action="store_true",
                    help=f"do not apply the bench's default overrides {list(DEFAULT_BENCH_OVERRIDES)}")
-    p.add_argument("--output", "--out", dest="output", default=DEFAULT_OUTPUT,
-                   help="output prefix: PREFIX.json, .png, .config.yaml (and PREFIX_run/ for logs)")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help="the JSON; the plot (.png), the resolved config (.config.yaml) and the logs (_run/) beside it")
     p.set_defaults(func=cmd_bench_soak)
 
 
@@ -816,7 +816,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SoakSpec, RelayGRConfig]:
     mix = SoakMix(orphan=args.orphan, rank_only=args.rank_only, late=args.late, no_header=args.no_header,
                   returning=args.returning, retries=args.retries, gap_ms=tuple(args.gap_ms),
                   late_gap_ms=tuple(args.late_gap_ms))
-    out = Path(args.output)
+    out = Path(args.out).with_suffix("")
     bench = SoakSpec(config_path=str(Path(args.config).resolve()), run_dir=out.with_name(out.name + "_run").resolve(),
                      overrides=overrides, instances=args.instances, minutes=args.minutes, rate=args.rate,
                      kill_at=None if args.no_kill else args.kill_at, kill_instance=args.kill_instance,
@@ -846,7 +846,7 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     machine = machine_info()  # before the servers start: measured after they stop, the CPU is still busy
     with sigterm_interrupts():  # SIGTERM stops nginx and the instances, like Ctrl-C
         report = run_soak(bench, soak, say)
-    out = Path(args.output)
+    out = Path(args.out).with_suffix("")
     json_path, png_path, cfg_path = (out.with_name(out.name + ext) for ext in (".json", ".png", ".config.yaml"))
     report["command"] = shlex.join(["relaygr", *sys.argv[1:]]) if sys.argv[1:3] == ["bench", "soak"] else None
     report["args"] = {k: v for k, v in vars(args).items() if k != "func"}

@@ -151,7 +151,7 @@ def test_short_real_run_kills_and_restarts_an_instance(tmp_path):
     parser = argparse.ArgumentParser(prog="relaygr bench")
     soak_bench.register(parser.add_subparsers(dest="bench", required=True))
     args = parser.parse_args(["soak", "--config", str(TINY), "--minutes", str(100 / 60), "--bucket-s", "10",
-                              "--kill-at", "0.15", "--rate", "10", "--rss-every", "2", "--output", str(prefix)])
+                              "--kill-at", "0.15", "--rate", "10", "--rss-every", "2", "--out", str(prefix) + ".json"])
     assert args.func(args) == 0
     report = json.loads(prefix.with_name("soak.json").read_text())
     assert prefix.with_name("soak.png").is_file() and prefix.with_name("soak.config.yaml").is_file()
