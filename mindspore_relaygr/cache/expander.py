@@ -177,7 +177,7 @@ class DRAMExpander:
     def keys_of(self, user_id: str) -> list[CacheKey]:
         """Keys of the user's live copies, longest prefix first."""
         with self._lock:
-            keys = [k for k in self._by_user.get(user_id, ()) if self._live(k) is not None]
+            keys = [k for k in list(self._by_user.get(user_id, ())) if self._live(k) is not None]  # _live may drop k
         return sorted(keys, key=lambda k: -k.prefix_len)
 
     def clear(self) -> int:

@@ -180,3 +180,18 @@ def test_no_reload_when_device_has_copy_or_key_is_absent() -> None:
     assert calls == []
     stats = exp.stats()
     assert (stats.skipped_reloads, stats.reloads, stats.bytes_copied) == (1, 0, 0)
+
+
+def test_keys_of_a_user_whose_copies_expired_drops_them_without_error() -> None:
+    """keys_of iterated over the user's key set while dropping its expired copies from it: a pre-infer
+    of a returning user whose DRAM copies had outlived expander.ttl_s failed with a 500
+    ('Set changed size during iteration'), seen in `relaygr bench soak -o expander.ttl_s=120`."""
+    ex, clock = make(budget=1000, ttl_s=10.0)
+    short, longer = CacheKey("u", "v1", 4, "h4"), CacheKey("u", "v1", 8, "h8")
+    ex.put(short, payload(10))
+    clock.now = 5.0
+    ex.put(longer, payload(10))
+    clock.now = 12.0  # the first copy has expired, the second not
+    assert ex.keys_of("u") == [longer]
+    clock.now = 20.0
+    assert ex.keys_of("u") == [] and ex.stats().num_entries == 0 and ex.stats().expirations == 2
