@@ -15,7 +15,7 @@ fi
 export PATH="$PATH:/usr/sbin"
 "$RELAYGR_PY" -m ruff check mindspore_relaygr serving tests scripts
 set +e
-"$RELAYGR_PY" -m pytest -q -p no:cacheprovider --timeout=1800 "$@"
+"$RELAYGR_PY" -m pytest -q -rs -p no:cacheprovider --timeout=1800 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -34,13 +34,14 @@ Sender = Callable[[Request], tuple[str, bool, int]]  # -> (tier or reason, trunc
 
 
 def run_open_loop(workload: Workload, send_preinfer: Sender | None, send_rank: Sender, max_workers: int = 32,
-                  time_limit_s: float | None = None) -> list[Outcome]:
-    """Replay the workload on schedule from a pool of `max_workers` threads."""
+                  time_limit_s: float | None = None, clock: Callable[[], float] = time.perf_counter,
+                  sleep: Callable[[float], None] = time.sleep) -> list[Outcome]:
+    """Replay the workload on schedule from a pool of `max_workers` threads (`clock` and `sleep` in seconds)."""
     events = [(r.at_s + r.gap_s, "rank", r) for r in workload.requests]
     if send_preinfer is not None:
         events += [(r.at_s, "preinfer", r) for r in workload.requests]
     events.sort(key=lambda e: (e[0], e[1] == "rank"))
-    start = time.perf_counter()
+    start = clock()
 
     def call(kind: str, req: Request, scheduled: float) -> Outcome:
         fn = send_rank if kind == "rank" else send_preinfer
@@ -49,7 +50,7 @@ def run_open_loop(workload: Workload, send_preinfer: Sender | None, send_rank: S
             ok, error = status < 400, ""
         except Exception as exc:  # noqa: BLE001 - recorded as an error outcome
             tier, truncated, status, ok, error = "", False, 599, False, f"{type(exc).__name__}: {exc}"
-        latency = (time.perf_counter() - scheduled) * 1e3
+        latency = (clock() - scheduled) * 1e3
         return Outcome(kind, req.user, scheduled - start, latency, ok, tier, truncated, status, error)
 
     futures = []
@@ -58,9 +59,9 @@ def run_open_loop(workload: Workload, send_preinfer: Sender | None, send_rank: S
             if time_limit_s is not None and at_s > time_limit_s:
                 break
             scheduled = start + at_s
-            delay = scheduled - time.perf_counter()
+            delay = scheduled - clock()
             if delay > 0:
-                time.sleep(delay)
+                sleep(delay)
             futures.append(pool.submit(call, kind, req, scheduled))
     return [f.result() for f in futures]
 

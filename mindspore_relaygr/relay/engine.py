@@ -54,11 +54,13 @@ class RelayEngine:
 
     def __init__(self, config: RelayGRConfig, model: DeviceModel, latency: LatencyModel,
                  instance_id: str = "i0", clock: Callable[[], float] = time.monotonic) -> None:
-        """`clock`: what the relays' TTL (relay.ready_ttl_ms) is measured on."""
+        """`clock` (seconds): what the relays' TTL (relay.ready_ttl_ms), the ranks' timings and the device steps
+        are measured on."""
         self.config, self.model, self.latency, self.instance_id = config, model, latency, instance_id
         cfg = config
         self._user_tokens = 1 if cfg.model.user_feature_sizes else 0
-        self.executor = DeviceExecutor(name=f"relaygr-device-{instance_id}")
+        self._clock = clock
+        self.executor = DeviceExecutor(name=f"relaygr-device-{instance_id}", clock=clock)
         manager = KVCacheManager(model.num_slots, model.layout.slot_bytes, cfg.cache.lifetime_ms)
         expander = None
         if cfg.expander.enabled:
@@ -309,27 +311,27 @@ class RelayEngine:
     # ------------------------------------------------------------------ rank
     def rank(self, user_id: str, history: Any, candidate_ids: Any, top_k: int | None = None) -> RankResult:
         """Score every candidate (request order) and rank them; blocks until done."""
-        t0 = time.perf_counter()
+        t0 = self._clock()
         hist = validate_history(self.config.model, history)
         cands = validate_candidates(self.config.model, candidate_ids)
         wait_ms, waited = 0.0, False
         if self.config.relay.enabled:
             wait_ms, waited = self._wait_for_inflight(user_id, hist, cands)
-        submitted = time.perf_counter()
+        submitted = self._clock()
         timing: dict[str, float] = {}
 
         def on_device():
-            start = time.perf_counter()
+            start = self._clock()
             timing["queue"] = (start - submitted) * 1e3
             try:
                 out = self._rank_on_device(user_id, hist, cands, waited, t0)
             finally:
                 self._settle()
-            timing["compute"] = (time.perf_counter() - start) * 1e3
+            timing["compute"] = (self._clock() - start) * 1e3
             return out
 
         scores, tier, events = self.executor.submit(on_device, RANK, label="rank").result()
-        timing.update(wait=wait_ms, total=(time.perf_counter() - t0) * 1e3)
+        timing.update(wait=wait_ms, total=(self._clock() - t0) * 1e3)
         truncated = events < len(hist)
         with self._lock:
             setattr(self.ranks, tier, getattr(self.ranks, tier) + 1)
@@ -375,7 +377,9 @@ class RelayEngine:
                       if r.state in PENDING and self.cache.matches(r.key, hist)), None)
         if relay is None:
             return 0.0, False
-        t0 = time.perf_counter()
+        t0 = self._clock()
+        with self._lock:
+            self.work.inflight_waits += 1
         miss_ms = self._predicted_miss_ms(hist, cands)
         boosted = relay.remaining_ms() <= miss_ms
         if boosted:
@@ -389,7 +393,7 @@ class RelayEngine:
         if not done:
             with self._lock:
                 self.work.inflight_wait_timeouts += 1
-        return (time.perf_counter() - t0) * 1e3, True
+        return (self._clock() - t0) * 1e3, True
 
     def _boost(self, relay: Relay) -> None:
         self.executor.boost(relay.future)
@@ -469,7 +473,7 @@ class RelayEngine:
             self.work.extension_chunks += 1
 
     def _rank_miss(self, hist: History, cands: np.ndarray, arrived: float):
-        elapsed_ms = (time.perf_counter() - arrived) * 1e3
+        elapsed_ms = (self._clock() - arrived) * 1e3
         return self._rank_truncated(hist, cands, self._miss_events(hist, cands, elapsed_ms), "miss")
 
     def _miss_events(self, hist: History, cands: np.ndarray, elapsed_ms: float = 0.0) -> int:

@@ -29,7 +29,9 @@ class ExecutorClosed(RuntimeError):
 class DeviceExecutor:
     """A priority queue drained by one daemon thread; `close()` joins it."""
 
-    def __init__(self, name: str = "relaygr-device") -> None:
+    def __init__(self, name: str = "relaygr-device", clock: Callable[[], float] = time.perf_counter) -> None:
+        """`clock` (seconds) times the steps (step_stats, busy_ms)."""
+        self._clock = clock
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._seq = itertools.count()
         self._closed = False
@@ -68,7 +70,7 @@ class DeviceExecutor:
     def busy_ms(self) -> float:
         """How long the running task has been running (0 when idle)."""
         since = self._busy_since
-        return 0.0 if since is None else (time.perf_counter() - since) * 1e3
+        return 0.0 if since is None else (self._clock() - since) * 1e3
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop accepting work, finish what is queued, join the thread."""
@@ -79,6 +81,11 @@ class DeviceExecutor:
         self._thread.join(timeout)
         if self._thread.is_alive():
             logger.warning("device thread did not stop within %.0f s", timeout)
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` has begun: new work is refused from then on."""
+        return self._closed
 
     @property
     def alive(self) -> bool:
@@ -136,7 +143,7 @@ class DeviceExecutor:
             task, future = self._next()
             if task is None:
                 break
-            self._busy_since = start = time.perf_counter()
+            self._busy_since = start = self._clock()
             try:
                 done, value = task.step()
             except BaseException as exc:  # noqa: BLE001 - delivered to the waiting caller
@@ -145,7 +152,7 @@ class DeviceExecutor:
                 continue
             finally:
                 self._busy_since = None
-                self._count_step(task.label, (time.perf_counter() - start) * 1e3)
+                self._count_step(task.label, (self._clock() - start) * 1e3)
             if done:
                 self._finish(future)
                 future.set_result(value)

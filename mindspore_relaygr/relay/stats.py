@@ -44,6 +44,7 @@ class DeviceWorkCounts:
     dram_prefetches: int = 0  # DRAM copies reloaded at pre-infer time
     extensions: int = 0  # cached prefixes extended by the events since (pre-infer relays and ranks)
     extension_chunks: int = 0
+    inflight_waits: int = 0  # ranks that found their prefix's relay still running and waited for it
     inflight_boosts: int = 0
     inflight_wait_timeouts: int = 0
     truncations: int = 0

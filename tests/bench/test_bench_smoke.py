@@ -207,7 +207,7 @@ def test_bench_max_seq(tmp_path):
                 "max-seq",
                 *HEADLINE,
                 "--slo-ms",
-                "1000",
+                "60000",
                 "--qps",
                 "10",
                 "--lengths",
@@ -220,5 +220,5 @@ def test_bench_max_seq(tmp_path):
         == 0
     )
     res = json.loads(out.read_text())["max_seq"]
-    assert res["max_len"] == {"baseline": 60, "relay": 60}  # a 1 s SLO is met at every length on the tiny model
+    assert res["max_len"] == {"baseline": 60, "relay": 60}  # a 60 s SLO: met at every length on any machine
     assert (tmp_path / "seq.png").stat().st_size > 0

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from mindspore_relaygr.cache import CacheKey, DRAMExpander
+from tests.waiting import wait_until
 
 
 class FakeClock:
@@ -107,13 +107,6 @@ def test_clear_and_keys_of() -> None:
         exp.put(key(name), Payload(np.zeros(10, np.uint8)))
     assert exp.keys_of(key("a").user_id) == [key("a")] and exp.clear() == 2
     assert exp.keys_of(key("a").user_id) == [] and exp.bytes_in_use() == 0
-
-
-def wait_until(cond, timeout_s: float = 10.0) -> None:
-    end = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < end, "timed out waiting for the other threads"
-        time.sleep(0.001)
 
 
 def run_concurrently(exp: DRAMExpander, copy_fn, n: int = 8) -> tuple[list[threading.Thread], list]:

@@ -11,13 +11,24 @@ pytestmark = pytest.mark.slow
 
 
 def test_prefix_warmup_covers_slot_copies_and_leaves_slot_zero_free():
+    """After a prefix warm-up, spilling (export) and reloading (import) a prefix of any bucket runs only
+    signatures the warm-up compiled: no graph call is cold."""
     from mindspore_relaygr.model import RelayGRModel
+    from mindspore_relaygr.model.inputs import synthetic_history
 
     model = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=2"]))
-    report = model.warmup(graphs=("prefix",))
-    assert report["graphs"] == len(model.graph_shapes("prefix")) + 2 * len(model.prefix_buckets)
+    model.warmup(graphs=("prefix",))
     with pytest.raises(ValueError, match="holds nothing"):
         model.export_slot(0)
+    for bucket in model.prefix_buckets:
+        events = bucket - 1  # the tiny model's user token fills the bucket
+        list(model.prefill_steps(1, synthetic_history(model.cfg, events, seed=bucket), 32))
+        copy = model.export_slot(1)
+        model.release_slot(1)
+        model.import_slot(0, copy)
+        model.release_slot(0)
+    kinds = {t.kind for t in model.call_stats.cold_calls}
+    assert model.call_stats.cold_calls == [], f"cold graph calls after warm-up: {sorted(kinds)}"
 
 
 def test_prefix_warmup_covers_every_chunk_of_a_chunked_prefill_up_to_the_slot():

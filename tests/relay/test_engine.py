@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -15,6 +14,7 @@ from mindspore_relaygr.relay.engine import RelayEngine
 from mindspore_relaygr.relay.executor import RANK
 from mindspore_relaygr.relay.latency import LatencyModel, LatencyPoint
 from tests.conftest import CONFIGS, random_history
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -99,7 +99,7 @@ def test_rank_during_the_prefill_waits_for_it_and_only_one_prefill_runs(make_eng
         assert eng.preinfer("u2", h).reason == "inflight"
         with ThreadPoolExecutor(1) as pool:
             ranked = pool.submit(eng.rank, "u2", h, cands)
-            time.sleep(0.2)
+            wait_until(lambda: eng.stats().work.inflight_waits == 1, what="the rank to wait for the prefill")
             gate.set()
             res = ranked.result(60)
     finally:
@@ -111,22 +111,21 @@ def test_rank_during_the_prefill_waits_for_it_and_only_one_prefill_runs(make_eng
 
 def test_a_waiting_rank_boosts_its_prefill_ahead_of_an_earlier_users_prefill(make_engine, model):
     eng = make_engine("relay.inflight_wait_ms=0")  # patience comes from the predicted remaining chunks
-    finished = {}
+    finished = []
     gate = threading.Event()
     eng.executor.submit(lambda: gate.wait(10))
     ha, hb, cands = hist(21, 120), hist(22, 120), np.arange(1, 11)
     assert eng.preinfer("a", ha).admitted and eng.preinfer("b", hb).admitted
     for user in ("a", "b"):
-        eng.ledger.of_user(user)[0].future.add_done_callback(
-            lambda f, u=user: finished.setdefault(u, time.perf_counter()))
+        eng.ledger.of_user(user)[0].future.add_done_callback(lambda f, u=user: finished.append(u))
     with ThreadPoolExecutor(1) as pool:
         ranked = pool.submit(eng.rank, "b", hb, cands)
-        time.sleep(0.2)  # the rank is waiting on b's queued prefill
+        wait_until(lambda: eng.stats().work.inflight_boosts == 1, what="the rank to boost b's queued prefill")
         gate.set()
         res = ranked.result(60)
     eng.wait_prefills(60)
     assert res.cache == "inflight" and eng.stats().work.inflight_boosts == 1
-    assert finished["b"] < finished["a"]  # b's prefill ran first although a's was admitted first
+    assert finished == ["b", "a"]  # b's prefill ran first although a's was admitted first
     np.testing.assert_allclose(res.scores, expected(model, eng, hb, cands), atol=TOL, rtol=0)
 
 
@@ -138,7 +137,7 @@ def test_a_prefill_predicted_slower_than_a_miss_is_waited_for_only_inflight_wait
     assert eng.preinfer("c", h).admitted
     with ThreadPoolExecutor(1) as pool:
         ranked = pool.submit(eng.rank, "c", h, cands)
-        time.sleep(0.3)  # well past the 50 ms patience
+        wait_until(lambda: eng.stats().work.inflight_wait_timeouts == 1, what="the rank's 50 ms patience to run out")
         gate.set()
         res = ranked.result(60)
     assert res.cache == "miss" and res.timings_ms["wait"] > 0  # waited, then gave up: not served from it
@@ -167,9 +166,7 @@ def test_a_prefill_that_progressed_while_the_rank_waited_is_boosted_then_not_aba
         assert eng.preinfer("d", h).admitted
         with ThreadPoolExecutor(1) as pool:
             ranked = pool.submit(eng.rank, "d", h, cands)
-            deadline = time.perf_counter() + 10
-            while not eng.stats().work.inflight_boosts and time.perf_counter() < deadline:
-                time.sleep(0.01)
+            wait_until(lambda: eng.stats().work.inflight_boosts, what="the rank to boost the prefill")
             chunk_gate.set()
             res = ranked.result(60)
         eng.wait_prefills(60)
@@ -276,7 +273,7 @@ def test_a_rank_right_after_a_prefetching_preinfer_waits_for_the_copy_instead_of
     assert eng.preinfer("q0", users["q0"], num_candidates=10).reason == "already_cached"
     with ThreadPoolExecutor(1) as pool:
         ranked = pool.submit(eng.rank, "q0", users["q0"], cands)
-        time.sleep(0.2)
+        wait_until(lambda: eng.stats().work.inflight_waits == 1, what="the rank to wait for the copy")
         gate.set()
         res = ranked.result(60)
     assert res.cache == "inflight" and eng.stats().work.dram_prefetches == 1  # waited for the copy
@@ -306,8 +303,10 @@ def test_truncate_policy_ranks_the_events_that_fit_the_rest_of_the_budget(model)
     steps = LatencyModel([LatencyPoint("full", 8, 8, 0, 1.0), LatencyPoint("full", 16, 8, 0, 30.0),
                           LatencyPoint("full", 128, 8, 0, 80.0), LatencyPoint("relay", 128, 16, 32, 5.0),
                           LatencyPoint("prefill", 128, 0, 0, 20.0)])
+    now = [100.0]  # the engine's clock (seconds): it moves only when the busy step below says so
     eng = RelayEngine(load_config(CONFIGS / "tiny.yaml", [*BASE, "relay.miss_policy=truncate",
-                                                          "relay.max_online_len=50"]), model, steps)
+                                                          "relay.max_online_len=50"]), model, steps,
+                      clock=lambda: now[0])
     try:
         h, cands = hist(9, 40), np.arange(1, 9)
         assert eng._miss_events(validate(h), cands, elapsed_ms=0.0) == 15  # 16 tokens: 30 ms <= 50
@@ -317,10 +316,20 @@ def test_truncate_policy_ranks_the_events_that_fit_the_rest_of_the_budget(model)
         res = eng.rank("u9", h, cands)  # unloaded
         assert res.cache == "miss" and res.truncated and res.ranked_events == 15
         np.testing.assert_allclose(res.scores, expected(model, eng, last_of(h, 15), cands), atol=TOL, rtol=0)
-        # Under queue pressure: the device thread is busy 25 ms before the rank starts, leaving < 25 ms.
-        eng.executor.submit(lambda: time.sleep(0.025), RANK, label="busy")
-        res = eng.rank("u9", h, cands)
-        assert res.truncated and res.ranked_events == 7 and res.timings_ms["queue"] >= 20
+        # Under queue pressure: the device thread is busy for 25 ms after the rank arrived, leaving 25 ms.
+        gate = threading.Event()
+
+        def busy() -> None:
+            assert gate.wait(10)
+            now[0] += 0.025
+
+        eng.executor.submit(busy, RANK, label="busy")
+        with ThreadPoolExecutor(1) as pool:
+            ranked = pool.submit(eng.rank, "u9", h, cands)
+            wait_until(lambda: eng.executor.depth() == 1, what="the rank to queue behind the busy step")
+            gate.set()
+            res = ranked.result(60)
+        assert res.truncated and res.ranked_events == 7 and res.timings_ms["queue"] == pytest.approx(25.0)
         np.testing.assert_allclose(res.scores, expected(model, eng, last_of(h, 7), cands), atol=TOL, rtol=0)
         assert eng.stats().work.truncations == 2
     finally:
@@ -335,19 +344,21 @@ def test_not_at_risk_requests_are_not_relayed(make_engine):
 
 def test_a_rank_submitted_during_a_long_prefill_finishes_first(make_engine):
     eng = make_engine()
-    done = {}
+    finished = []  # in the order the work finished
     gate = threading.Event()
     eng.executor.submit(lambda: gate.wait(10))
     assert eng.preinfer("long", hist(6, 127)).admitted
     eng.executor.submit_steps(iter(()), priority=1).add_done_callback(  # queued right behind the prefill
-        lambda f: done.setdefault("prefill", time.perf_counter()))
+        lambda f: finished.append("prefill"))
     with ThreadPoolExecutor(1) as pool:
         ranked = pool.submit(lambda: eng.rank("other", hist(7, 20), [1, 2, 3]))
+        wait_until(lambda: eng.executor.depth() == 3, what="the rank to queue behind the prefill")
         gate.set()
+        ranked.add_done_callback(lambda f: finished.append("rank"))
         ranked.result(60)
-        done["rank"] = time.perf_counter()
     eng.wait_prefills(60)
-    assert done["rank"] < done["prefill"]
+    wait_until(lambda: len(finished) == 2, what="both callbacks")
+    assert finished == ["rank", "prefill"]
 
 
 def test_eight_threads_never_crash_and_always_get_correct_scores(make_engine, model):

@@ -4,7 +4,6 @@ the copy bandwidth, flush. Real engine, ledger, trigger and cache tiers; fake gr
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from mindspore_relaygr.relay.engine import RelayEngine
 from mindspore_relaygr.relay.latency import LatencyModel, LatencyPoint
 from tests.conftest import CONFIGS, random_history
 from tests.relay.fake_model import FakeModel
+from tests.waiting import wait_until
 
 BASE = ["relay.warmup=false", "trigger.slo_ms=50", "trigger.prefill_chunk_len=32", "cache.num_slots=4",
         "expander.copy_bytes_per_s=1.0e+9"]
@@ -83,8 +83,7 @@ def test_a_forged_history_under_a_users_id_neither_drops_nor_hides_their_prefix(
     ranked = []
     ranker = threading.Thread(target=lambda: ranked.append(eng.rank("u", mine, CANDS)))
     ranker.start()
-    while not eng.stats().work.inflight_boosts and ranker.is_alive():  # the rank found u's prefill pending
-        time.sleep(0.001)
+    wait_until(lambda: eng.stats().work.inflight_boosts, what="the rank to find u's prefill pending")
     gate.set()
     ranker.join(10)
     res = ranked[0]
@@ -351,8 +350,7 @@ def test_a_rank_during_an_extension_waits_for_it(make_engine):
     ranked = []
     ranker = threading.Thread(target=lambda: ranked.append(eng.rank("u", full, CANDS)))
     ranker.start()
-    while not eng.stats().work.inflight_boosts and ranker.is_alive():
-        time.sleep(0.001)
+    wait_until(lambda: eng.stats().work.inflight_boosts, what="the rank to boost the extension")
     gate.set()
     ranker.join(10)
     assert ranked[0].cache == "inflight" and eng.stats().work.extensions == 1

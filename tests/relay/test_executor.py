@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from mindspore_relaygr.relay.executor import PREFILL, RANK, DeviceExecutor, ExecutorClosed
+from tests.waiting import wait_until
 
 
 def test_results_exceptions_and_a_single_thread():
@@ -25,20 +25,21 @@ def test_results_exceptions_and_a_single_thread():
 def test_a_rank_submitted_during_a_long_prefill_runs_between_its_chunks():
     ex = DeviceExecutor()
     order = []
-    gate = threading.Event()
+    running, submitted = threading.Event(), threading.Event()
 
     def prefill():
         for chunk in range(5):
             if chunk == 1:
-                gate.set()  # the rank below is submitted while chunk 1 runs
-                time.sleep(0.05)
+                running.set()
+                assert submitted.wait(5)  # chunk 1 ends only once the rank below is queued
             order.append(f"chunk{chunk}")
             yield
         return "prefilled"
 
     pre = ex.submit_steps(prefill(), PREFILL)
-    gate.wait(5)
+    assert running.wait(5)
     rank = ex.submit(lambda: order.append("rank") or "ranked", RANK)
+    submitted.set()
     assert rank.result(5) == "ranked" and pre.result(5) == "prefilled"
     assert order.index("rank") == 2  # after the chunk that was running, before the next one
     assert order[-1] == "chunk4"
@@ -63,19 +64,19 @@ def test_earlier_prefill_stays_ahead_of_later_ones():
     ex.close()
 
 
-def test_close_fails_queued_work_and_refuses_new_work():
+def test_close_finishes_queued_work_and_refuses_new_work():
     ex = DeviceExecutor()
     release = threading.Event()
     running = ex.submit(lambda: release.wait(5))
-    queued = ex.submit(lambda: "never")
+    queued = ex.submit(lambda: "ran")
     closer = threading.Thread(target=ex.close)
     closer.start()
-    release.set()
-    closer.join(10)
-    assert running.result(1) is True
-    assert queued.result(1) == "never" or isinstance(queued.exception(1), ExecutorClosed)
+    wait_until(lambda: ex.closed, what="close() to begin")  # `queued` is still waiting behind `running`
     with pytest.raises(ExecutorClosed):
         ex.submit(lambda: 1)
+    release.set()
+    closer.join(10)
+    assert running.result(1) is True and queued.result(1) == "ran"
     assert not ex.alive
 
 
@@ -141,14 +142,20 @@ def test_boost_is_refused_for_rank_work_and_unknown_futures():
 
 
 def test_step_stats_count_steps_per_label_and_keep_the_longest():
-    ex = DeviceExecutor()
-    ex.submit(lambda: time.sleep(0.03), label="slow").result(5)
-    ex.submit(lambda: None, label="fast").result(5)
+    now = [0.0]
+    ex = DeviceExecutor(clock=lambda: now[0])
+
+    def advance(seconds: float) -> None:
+        now[0] += seconds
+
+    ex.submit(lambda: advance(0.03), label="slow").result(5)
+    ex.submit(lambda: advance(0.001), label="fast").result(5)
+    ex.submit(lambda: advance(0.01), label="fast").result(5)
     ex.submit_steps(_job([], "x", steps=2), label="prefill").result(5)
     stats = ex.step_stats()
-    assert stats["slow"]["steps"] == 1 and stats["slow"]["max_ms"] >= 30
+    assert stats["slow"] == {"steps": 1, "max_ms": pytest.approx(30.0)}
+    assert stats["fast"] == {"steps": 2, "max_ms": pytest.approx(10.0)}  # the longer of its two steps
     assert stats["prefill"]["steps"] == 3  # two yields and the final step that returns
-    assert stats["fast"]["max_ms"] < stats["slow"]["max_ms"]
     ex.reset_stats()
     assert ex.step_stats() == {}
     ex.close()

@@ -7,7 +7,6 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 import urllib.request
 import zlib
 from collections import Counter
@@ -18,6 +17,7 @@ import pytest
 
 from mindspore_relaygr.relay.router import NginxConsistentHash, NoHealthyInstance
 from serving.headers import encode_affinity
+from tests.waiting import wait_until
 
 KEYS = [f"user-{i}" for i in range(2000)]
 
@@ -190,17 +190,16 @@ def route_through_nginx(
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 10
-        while True:
+        def listening() -> bool:
             if proc.poll() is not None:
                 pytest.fail(f"nginx exited with {proc.returncode}: {proc.stderr.read().decode()}")
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
+                return True
             except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"nginx did not listen on 127.0.0.1:{port}")
-                time.sleep(0.05)
+                return False
+
+        wait_until(listening, what=f"nginx to listen on 127.0.0.1:{port}")
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never an env proxy
         out = {}
         for key in keys:

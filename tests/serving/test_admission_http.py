@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from mindspore_relaygr.config import load_config
-from mindspore_relaygr.errors import ConfigError
+from mindspore_relaygr.errors import ConfigError, InvalidRequest
 from mindspore_relaygr.relay.admission import AdmissionControl
 from mindspore_relaygr.relay.router import NginxConsistentHash
 from serving import api
@@ -100,9 +100,17 @@ def test_a_bad_request_leaves_the_queue():
     app, engine = make_app(fraction=0.5)
     engine.release.set()
     client = app.test_client()
-    for _ in range(20):  # more 400s than the budget admits at once: each one left the queue
+    for _ in range(20):  # refused by the parser, before admission
         assert post_rank(client, {"user_id": "u", "history": {}})[0] == 400
-    assert client.get("/v1/stats").get_json()["admission"]["in_flight"] == 0
+    # Admitted, then refused by the engine: more of them than the budget admits at once (8 x 5 ms in 40 ms),
+    # so the later ones would be refused with a 503 if an earlier one had stayed in the queue.
+    for _ in range(20):
+        engine.fail_with = InvalidRequest("history", "refused after admission")
+        status, body, _ = post_rank(client, rank_body("bad"))
+        assert status == 400 and body["field"] == "history"
+    assert [c for c in engine.calls if c[0] == "rank"] == [("rank", "bad")] * 20  # each one reached the engine
+    admission = client.get("/v1/stats").get_json()["admission"]
+    assert admission["in_flight"] == 0 and admission["work_ahead_ms"] == 0
     assert post_rank(client, rank_body("ok"))[0] == 200
 
 
