@@ -187,7 +187,7 @@ class EngineMachine(RuleBasedStateMachine):
             if r.state is RelayState.READY:  # a READY relay is on the device until consumed, expired or dropped
                 lease = eng.cache.manager.peek(r.key)
                 assert lease is not None and lease.state is EntryState.READY, r.key
-                assert r.expires_at - self.TTL_S <= self.clock.now < r.expires_at
+                assert self.clock.now < r.expires_at <= self.clock.now + self.TTL_S  # as ready() adds it: no rounding
         stats = eng.stats()
         with eng.ledger.lock:  # every admitted relay is live, consumed, expired or dropped, exactly once
             r = eng.ledger.stats()
