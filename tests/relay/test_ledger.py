@@ -13,8 +13,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from mindspore_relaygr import load_config
 from mindspore_relaygr.cache.keys import CacheKey
 from mindspore_relaygr.cache.manager import EntryState
+from mindspore_relaygr.model.inputs import validate_history
 from mindspore_relaygr.relay.engine import RelayEngine
 from mindspore_relaygr.relay.ledger import PENDING, PREFETCH, PREFILL, Footprint, RelayLedger, RelayState
+from tests.cache.checked_manager import CheckedManager
 from tests.conftest import CONFIGS, random_history
 from tests.relay.fake_model import FakeModel
 from tests.relay.test_engine_fake import BASE, latency
@@ -101,26 +103,78 @@ def test_a_pending_relay_never_expires():
         RelayLedger(ready_ttl_ms=0)
 
 
+def checked_engine(clock: Clock, *overrides: str) -> RelayEngine:
+    """An engine whose device tier is production's manager on `clock`, checking which entry each eviction takes
+    (and that the engine hands it the ledger's awaited relays to keep)."""
+    cfg = load_config(CONFIGS / "tiny.yaml", [*BASE, "cache.num_slots=3", *overrides])
+    eng = RelayEngine(cfg, FakeModel(cfg), latency(), clock=clock)
+    eng.cache.manager = CheckedManager(3, eng.model.layout.slot_bytes, cfg.cache.lifetime_ms, clock,
+                                       expected_keep=eng.ledger.awaited)
+    return eng
+
+
+def test_production_evictions_take_lru_or_expired_entries_and_an_awaited_relay_only_as_a_last_resort():
+    """Every eviction below is one production makes (a prefill or a rank's reload needs a slot), and each
+    takes the entry the victim order names: here by name, through where each user's prefix ends up."""
+    clock = Clock()
+    eng = checked_engine(clock, "relay.ready_ttl_ms=1000", "cache.lifetime_ms=3000", "expander.enable_prefetch=false")
+    hists = {u: random_history(np.random.default_rng(i), 40, user_features=[1, 2]) for i, u in enumerate("abcdefg")}
+    cands = np.arange(1, 9)
+
+    def relay(user: str, rank: bool = False, after_s: float = 0.01) -> None:
+        clock.now += after_s
+        assert eng.preinfer(user, hists[user], num_candidates=10).admitted
+        eng.wait_prefills(10)
+        if rank:
+            assert eng.rank(user, hists[user], cands).cache == "device"
+
+    def tiers() -> dict[str, str]:
+        return {u: eng.cache.locate(u, validate_history(eng.config.model, h))[0] for u, h in hists.items()}
+
+    try:
+        relay("a", rank=True)
+        relay("b", rank=True, after_s=0.5)
+        relay("c", after_s=0.5)  # awaited: its rank may still come
+        relay("d", rank=True, after_s=0.2)  # a: least recently used of the entries not awaited
+        assert tiers() == {**dict.fromkeys("abcd", "device"), "a": "dram", **dict.fromkeys("efg", "miss")}
+        assert eng.cache.manager.checked == {"lru": 1}
+        relay("e", after_s=2.4)  # b unused for 3.1 s > cache.lifetime_ms; c's TTL is over, but its lifetime not
+        assert tiers()["b"] == "dram" and eng.cache.manager.checked == {"lru": 1, "expired": 1}
+        relay("f")  # c (not awaited any more), then d (consumed): e, f and g are awaited
+        relay("g")
+        assert [tiers()[u] for u in "cdefg"] == ["dram", "dram", "device", "device", "device"]
+        res = eng.rank("a", hists["a"], cands)  # a's reload must evict an awaited relay: the oldest, e
+        assert res.cache == "dram" and tiers()["e"] == "dram"
+        np.testing.assert_array_equal(res.scores, eng.model.rank_full(hists["a"], cands))
+        assert eng.cache.manager.checked == {"lru": 3, "expired": 1, "kept": 1}
+        assert eng.stats().relays.dropped_evicted == 1  # e's relay: a wasted prefill, counted
+        assert eng.cache.manager.violations == []
+    finally:
+        eng.close()
+
+
 class EngineMachine(RuleBasedStateMachine):
     """Random pre-infers (many never ranked), ranks (same, grown, forged histories), time passing and
     flushes through the engine's public API; evictions happen only as production makes them (a slot
-    needed by a prefill, a prefetch or a reload). The one record per relayed prefix is checked after
-    every step, and liveness as a rule: past one TTL a new user's pre-infer is admitted and served."""
+    needed by a prefill, a prefetch or a reload), and each is checked to take the entry the victim order
+    names (CheckedManager). The one record per relayed prefix is checked after every step, and liveness as
+    a rule: past one TTL a new user's pre-infer is admitted and served."""
 
     TTL_S = 1.0
 
     def __init__(self) -> None:
         super().__init__()
-        cfg = load_config(CONFIGS / "tiny.yaml", [*BASE, "cache.num_slots=3", "relay.inflight_wait_ms=0",
-                                                  f"relay.ready_ttl_ms={self.TTL_S * 1e3}"])
         self.clock = Clock()
-        self.engine = RelayEngine(cfg, FakeModel(cfg), latency(), clock=self.clock)
+        # cache.lifetime_ms of 3 s: time passing makes entries expire as often as the LRU one goes
+        self.engine = checked_engine(self.clock, "relay.inflight_wait_ms=0", f"relay.ready_ttl_ms={self.TTL_S * 1e3}",
+                                     "cache.lifetime_ms=3000")
         self.rng = np.random.default_rng(0)
         self.histories: dict[str, dict] = {}
         self.newcomers = 0
 
     def teardown(self) -> None:
-        self.engine.close()
+        self.engine.close()  # runs what is still queued
+        assert self.engine.cache.manager.violations == []
 
     def _history(self, user, grow):
         h = self.histories.get(user)
@@ -149,6 +203,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule(dt=st.sampled_from([0.1, 0.4, 1.5]))
     def time_passes(self, dt):
+        self.engine.wait_prefills(10)  # the clock never moves while the device thread evicts
         self.clock.now += dt
 
     @rule()
@@ -173,6 +228,7 @@ class EngineMachine(RuleBasedStateMachine):
     @invariant()
     def ledger_matches_the_cache(self):
         eng = self.engine
+        assert eng.cache.manager.violations == []  # every eviction so far took the entry the victim order names
         users = [*"abcdef", *(f"new{i}" for i in range(1, self.newcomers + 1))]
         with eng.ledger.lock:
             live = [r for user in users for r in eng.ledger.of_user(user)]
@@ -187,7 +243,7 @@ class EngineMachine(RuleBasedStateMachine):
             if r.state is RelayState.READY:  # a READY relay is on the device until consumed, expired or dropped
                 lease = eng.cache.manager.peek(r.key)
                 assert lease is not None and lease.state is EntryState.READY, r.key
-                assert r.expires_at - self.TTL_S <= self.clock.now < r.expires_at
+                assert self.clock.now < r.expires_at <= self.clock.now + self.TTL_S  # as ready() adds it: no rounding
         stats = eng.stats()
         with eng.ledger.lock:  # every admitted relay is live, consumed, expired or dropped, exactly once
             r = eng.ledger.stats()
@@ -198,4 +254,4 @@ class EngineMachine(RuleBasedStateMachine):
 
 
 TestEngineMachine = EngineMachine.TestCase
-TestEngineMachine.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+TestEngineMachine.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
