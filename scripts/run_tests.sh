@@ -15,7 +15,12 @@ fi
 export PATH="$PATH:/usr/sbin"
 "$RELAYGR_PY" -m ruff check mindspore_relaygr serving tests scripts
 set +e
-"$RELAYGR_PY" -m pytest -q -rs -p no:cacheprovider --timeout=1800 "$@"
+# Test files run in parallel worker processes, a file's tests in one worker (they share its module fixtures):
+# RELAYGR_TEST_WORKERS=0 runs everything in this process.
+workers="${RELAYGR_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}"
+parallel=()
+[ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadfile)
+"$RELAYGR_PY" -m pytest -q -rs -p no:cacheprovider --timeout=1800 "${parallel[@]}" "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -14,6 +14,17 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def mindspore_context() -> None:
+    """Each test process sets MindSpore's context (the tiny config's: CPU, graph mode) before any test runs an
+    op: MindSpore refuses a device set after its runtime started, and test files reach the parallel workers in
+    any order."""
+    from mindspore_relaygr import load_config
+    from mindspore_relaygr.runtime import configure_context
+
+    configure_context(load_config(CONFIGS / "tiny.yaml").context)
+
+
 @pytest.fixture(scope="session")
 def tiny_config_path() -> Path:
     return CONFIGS / "tiny.yaml"
