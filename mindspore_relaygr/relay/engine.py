@@ -76,7 +76,7 @@ class RelayEngine:
                                 reload_is_cheaper=self._reload_is_cheaper)
         self.ledger = RelayLedger(cfg.relay.ready_ttl_ms, clock)
         self.trigger = SequenceAwareTrigger(cfg.trigger, latency, model.layout.slot_bytes, model.num_slots,
-                                            user_tokens=self._user_tokens)
+                                            user_tokens=self._user_tokens, slot_tokens=model.layout.slot_len)
         self._lock = threading.Lock()  # the counters below
         self.ranks = RankTierCounts()
         self.work = DeviceWorkCounts()

@@ -2,11 +2,12 @@
 
 A relay is admitted iff, in this order:
   1. its key is not already cached (`already_cached`) nor being pre-inferred (`inflight`);
-  2. it is at risk: predicted full-path latency > slo_ms * risk_margin, and the prefix has at
+  2. a slot can hold it (`too_long`: more tokens than a slot's max_prefix_len, refused before it costs anything);
+  3. it is at risk: predicted full-path latency > slo_ms * risk_margin, and the prefix has at
      least min_prefix_len events, the user token not counted (`not_at_risk`);
-  3. one more relay keeps the in-flight footprint (admitted relays neither consumed nor dropped,
+  4. one more relay keeps the in-flight footprint (admitted relays neither consumed nor dropped,
      as counted by the RelayLedger) within max_inflight_slots and max_inflight_bytes (`footprint`);
-  4. the pre-infer load allows it (`load`): fewer than max_queued_prefills prefills pending, and
+  5. the pre-infer load allows it (`load`): fewer than max_queued_prefills prefills pending, and
      a token bucket (rate max_prefill_tokens_per_s, depth prefill_burst_tokens) holds the prefix's
      tokens. A prefix longer than the depth is admitted from a full bucket and leaves it in debt,
      so the long-run rate still holds.
@@ -30,7 +31,7 @@ from mindspore_relaygr.relay.ledger import Footprint
 
 logger = logging.getLogger(__name__)
 
-REASONS = ("admitted", "not_at_risk", "footprint", "load", "already_cached", "inflight")
+REASONS = ("admitted", "not_at_risk", "footprint", "load", "already_cached", "inflight", "too_long")
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,10 @@ class SequenceAwareTrigger:
         num_slots: int,
         clock: Callable[[], float] = time.monotonic,
         user_tokens: int = 0,
+        slot_tokens: int | None = None,
     ) -> None:
-        """`user_tokens`: tokens every prefix carries besides its events (the user token, 0 or 1)."""
+        """`user_tokens`: tokens every prefix carries besides its events (the user token, 0 or 1);
+        `slot_tokens`: the most tokens a slot holds (None: no limit)."""
         if slot_bytes <= 0:
             raise ValueError(f"slot_bytes={slot_bytes!r}: must be > 0")
         if num_slots < 1:
@@ -74,6 +77,7 @@ class SequenceAwareTrigger:
         self.latency = latency
         self.slot_bytes = slot_bytes
         self.user_tokens = user_tokens
+        self.slot_tokens = slot_tokens
         self.budget_ms = cfg.slo_ms * cfg.risk_margin
         self.max_inflight_slots = min(cfg.max_inflight_slots or num_slots, num_slots)
         self._clock = clock
@@ -108,6 +112,8 @@ class SequenceAwareTrigger:
             return "already_cached"
         if inflight:
             return "inflight"
+        if new_slot and self.slot_tokens is not None and prefix_len > self.slot_tokens:
+            return "too_long"
         if prefix_len - self.user_tokens < self.cfg.min_prefix_len or predicted_ms <= self.budget_ms:
             return "not_at_risk"
         max_bytes = self.cfg.max_inflight_bytes

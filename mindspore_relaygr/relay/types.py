@@ -14,7 +14,7 @@ class PreinferResult:
     """Decision on a pre-infer signal; the prefill itself runs asynchronously when admitted."""
 
     admitted: bool
-    reason: str  # admitted | not_at_risk | footprint | load | already_cached | inflight | disabled
+    reason: str  # admitted | not_at_risk | footprint | load | already_cached | inflight | too_long | disabled
     cache_key: str | None  # short id of the prefix key (None when not admitted)
     predicted_full_ms: float
 

@@ -211,3 +211,18 @@ def test_a_prefill_that_finds_no_free_slot_is_dropped_as_no_slot():
         eng.model.hook = None
         assert_relayed_again(eng, "B", h_b)
         assert_nothing_left(eng, ["A", "B"])
+
+
+def test_a_preinfer_longer_than_a_slot_is_refused_before_it_costs_anything():
+    """A prefix no slot can hold is refused at once (`too_long`): no token-bucket debit, no relay record, no
+    no_slot drop later."""
+    with engine() as (eng, _):
+        capacity = eng.model.layout.slot_len - 1  # events besides the user token
+        whole = hist(91, capacity + 1)
+        before = eng.trigger.stats().bucket_tokens
+        decision = eng.preinfer("long", whole, num_candidates=10)
+        assert (decision.admitted, decision.reason) == (False, "too_long")
+        assert eng.trigger.stats().bucket_tokens == before and eng.ledger.of_user("long") == []
+        assert eng.preinfer("long", first(whole, capacity), num_candidates=10).admitted  # a slot's worth fits
+        settle(eng)
+        assert eng.stats().work.prefill_no_slot == 0 and eng.trigger.counts()["too_long"] == 1

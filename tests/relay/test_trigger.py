@@ -74,11 +74,13 @@ class Admission:
                 "queued_prefills": fp.pending, "bucket_tokens": self.trigger.stats().bucket_tokens}
 
 
-def make(clock: FakeClock | None = None, slot_bytes: int = 100, num_slots: int = 64, **cfg) -> Admission:
+def make(clock: FakeClock | None = None, slot_bytes: int = 100, num_slots: int = 64, slot_tokens: int | None = None,
+         **cfg) -> Admission:
     cfg.setdefault("max_queued_prefills", 64)
     cfg.setdefault("prefill_burst_tokens", 1 << 20)
     return Admission(SequenceAwareTrigger(
-        TriggerConfig(**cfg), LATENCY, slot_bytes=slot_bytes, num_slots=num_slots, clock=clock or FakeClock()
+        TriggerConfig(**cfg), LATENCY, slot_bytes=slot_bytes, num_slots=num_slots, clock=clock or FakeClock(),
+        slot_tokens=slot_tokens,
     ))
 
 
@@ -196,14 +198,16 @@ def test_prefix_longer_than_the_bucket_waits_for_a_full_bucket_then_owes():
 
 
 def test_footprint_is_checked_before_load_and_every_decision_is_counted():
-    trig = make(num_slots=1, max_queued_prefills=1)
+    trig = make(num_slots=1, max_queued_prefills=1, slot_tokens=AT_RISK)
     trig.decide(AT_RISK, 16)
     assert trig.decide(AT_RISK, 16).reason == "footprint"  # both bounds hit: footprint reported
     trig.decide(AT_RISK, 16, already_cached=True)
     trig.decide(AT_RISK, 16, inflight=True)
     trig.decide(1, 16)
+    assert trig.decide(AT_RISK + 1, 16).reason == "too_long"  # no slot holds it, whatever the footprint
     counts = trig.counts()
-    assert counts == {"admitted": 1, "not_at_risk": 1, "footprint": 1, "load": 0, "already_cached": 1, "inflight": 1}
+    assert counts == {"admitted": 1, "not_at_risk": 1, "footprint": 1, "load": 0, "already_cached": 1, "inflight": 1,
+                      "too_long": 1}
     assert list(counts) == list(REASONS)
 
 
