@@ -2,12 +2,14 @@
 
 Unknown sections or keys and invalid values raise `ConfigError` naming the key and the value.
 Dotted overrides (`"cache.num_slots=8"`) are parsed as YAML scalars and type-checked like the file.
+Numbers may be written in exponent form (`1e6`, `2.5E-3`) in both: YAML 1.1 alone reads `1e6` as a string.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,6 +19,21 @@ from typing import Any
 import yaml
 
 from mindspore_relaygr.errors import ConfigError
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, also reading exponent forms without a dot (`1e6`, `-2E9`) as floats, as YAML 1.2 does."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def parse_yaml(text: str) -> Any:
+    """A YAML document or scalar, as config files and overrides are read."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 def _require(ok: bool, key: str, value: Any, why: str) -> None:
@@ -512,7 +529,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if len(parts) != 2 or not all(parts):
             raise ConfigError(f"override {item!r}: expected section.key=value")
         section, key = parts
-        out.setdefault(section, {})[key] = yaml.safe_load(text)
+        out.setdefault(section, {})[key] = parse_yaml(text)
     return out
 
 
@@ -524,7 +541,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
+            raw = parse_yaml(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
         _require(isinstance(raw, dict), str(path), type(raw).__name__, "must hold a mapping")

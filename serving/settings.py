@@ -41,7 +41,10 @@ def _parse(name: str, text: str, tp: Any) -> Any:
                 raise ValueError(text)
             return text.lower() in ("1", "true", "yes")
         if tp in (int, "int"):
-            return int(text)
+            number = float(text)  # "4e6" as the config file reads it; "1.5" is refused below
+            if not number.is_integer():
+                raise ValueError(text)
+            return int(text) if text.strip().lstrip("+-").isdigit() else int(number)
         if tp in (float, "float"):
             return float(text)
         if str(tp).startswith("list"):
