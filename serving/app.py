@@ -85,6 +85,7 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
                                          admission_control(config, settings), upstream_ring(settings),
                                          threading.BoundedSemaphore(settings.parse_slots))
     register_error_handler(app, settings.retry_after_s)
+    app.url_map.merge_slashes = False  # "/v1//rank" is a JSON 404, not werkzeug's 308 redirect in HTML
     app.register_blueprint(api.bp)
     # a rank the queue alone refuses never reaches Flask
     app.wsgi_app = EarlyRefusal(app.wsgi_app, state, refusal_pacer(settings))
