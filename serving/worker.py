@@ -10,7 +10,9 @@ that never close stall the loop that accepts and dispatches everyone else. This 
   JSON 408 and the connection closes. Either way its thread is free again;
 * closes connections in the pool thread that served them, never on the main loop;
 * answers gunicorn's own errors (request line or headers too large, malformed headers, a malformed
-  chunked body) in the API's JSON shape `{"error": ..., "field": ...}`, with gunicorn's status codes.
+  chunked body) in the API's JSON shape `{"error": ..., "field": ...}`, with gunicorn's status codes;
+* refuses what nginx refuses in front of a cluster (serving/framing.py): a transfer coding other than
+  chunked (501), a chunk size no body can have (400), before the app waits for it.
 
 Written against gunicorn 27.0.1 (gunicorn/workers/gthread.py and gunicorn/workers/base.py).
 """
@@ -59,6 +61,7 @@ from gunicorn.workers.gthread import TConn, ThreadWorker
 from werkzeug.exceptions import BadRequest, RequestTimeout
 
 from mindspore_relaygr.config import ServingConfig
+from serving.framing import bound_chunks, check_transfer_coding
 
 # The client errors of gunicorn's Worker.handle_error, with its status codes; anything else is a 500.
 CLIENT_ERRORS: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
@@ -197,6 +200,8 @@ class RelayGRWorker(ThreadWorker):
 
     def handle_request(self, req: Request, conn: TimedConn) -> bool:
         """ThreadWorker.handle_request with the body as AppInput while the app runs."""
+        check_transfer_coding(req)  # raised here, it is answered by handle_error and the connection closes
+        bound_chunks(req)
         body = req.body
         req.body = AppInput(body, req, self.client_timeout_s)
         try:
@@ -242,7 +247,8 @@ def error_body(status: int, exc: BaseException) -> tuple[str, str | None]:
     if status == 500:
         return f"internal error ({type(exc).__name__})", None
     named = isinstance(exc, InvalidHeader) and exc.req is not None  # then hdr is the header's name, upper case
-    field = str(exc.hdr).title() if named else None
+    field = str(exc.hdr).title() if named else "Transfer-Encoding" if isinstance(exc, UnsupportedTransferCoding) \
+        else None
     return MESSAGES.get(status) or str(exc)[:200], field
 
 
