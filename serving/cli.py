@@ -94,13 +94,14 @@ def _load(args: argparse.Namespace) -> RelayGRConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Validate the config, then exec gunicorn: this process becomes the gunicorn master (same PID)."""
-    from serving.settings import resolve_settings, to_env
+    from serving.settings import require_admin_token, resolve_cli_settings, to_env
 
     if args.daemon and not args.pid_file:
         raise RelayGRError("--daemon needs --pid-file (that is how the instance is stopped)")
     config = _load(args)
-    settings = resolve_settings(config, host=args.host, port=args.port, instance_id=args.instance_id,
-                                           threads=args.threads, access_log=True if args.access_log else None)
+    settings = resolve_cli_settings(config, os.environ, host=args.host, port=args.port, instance_id=args.instance_id,
+                                    threads=args.threads, access_log=True if args.access_log else None)
+    require_admin_token(settings)
     if args.engine_factory:
         from serving.app import import_factory
 
@@ -125,7 +126,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_cluster(args: argparse.Namespace) -> int:
     """Start (or --stop) N instances behind nginx; in the foreground, Ctrl-C stops everything."""
     from serving.cluster import Cluster, ClusterSpec, registered_run_dir, sigterm_interrupts, stop_cluster
-    from serving.settings import resolve_settings
+    from serving.settings import require_admin_token, resolve_cli_settings
 
     run_dir = Path(args.run_dir or f"outputs/cluster-{args.port}").resolve()
     if args.stop:
@@ -135,11 +136,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         print(f"[cluster] stopped {', '.join(stopped) or 'nothing (already gone)'}", file=sys.stderr)
         return 0
     config = _load(args)
+    settings = resolve_cli_settings(config, os.environ, host=args.host)
+    require_admin_token(settings)  # the instances bind --host too: reachable on their own ports
     spec = ClusterSpec(port=args.port, num_instances=args.instances, run_dir=run_dir, config_path=args.config,
                        overrides=tuple(args.override), host=args.host, max_fails=args.max_fails,
                        fail_timeout_s=args.fail_timeout, read_timeout_s=args.read_timeout,
-                       max_body_bytes=resolve_settings(config).max_content_length,
-                       max_conns=resolve_settings(config).threads,
+                       max_body_bytes=settings.max_content_length, max_conns=settings.threads,
                        engine_factory=args.engine_factory, bundle=args.bundle, nginx_bin=args.nginx,
                        balance=args.balance, pin_cpus=args.pin_cpus)
     cluster = Cluster(spec)

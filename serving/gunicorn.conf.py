@@ -10,9 +10,10 @@ import logging
 import math
 import sys
 
-from serving.settings import load_from_env
+from serving.settings import load_from_env, require_admin_token
 
 _config, _settings = load_from_env()  # validated here, in the master, so a bad config fails fast
+require_admin_token(_settings)
 
 # ---------------------------------------------------------------- server socket
 bind = [f"{_settings.host}:{_settings.port}"]  # 127.0.0.1 unless serving.host says otherwise
