@@ -258,8 +258,11 @@ class ServingConfig:
     graceful_timeout_s: float = 15.0  # finish in-flight requests on SIGTERM for this long
     keepalive_s: float = 75.0  # idle keep-alive; longer than nginx's upstream keepalive_timeout (60 s)
     # A client that sends nothing for this long in the middle of a request (headers or body) is
-    # disconnected (a stalled body gets a 408 first): the bound on how long it holds a thread
+    # disconnected (a stalled body gets a 408 first)
     client_timeout_s: float = 5.0
+    # A client must send a whole request (headers and body) within this long of the thread taking it, or it
+    # is cut off the same way: the bound on how long a client sending a byte now and then holds a thread
+    request_timeout_s: float = 10.0
     max_content_length: int = 4 * 1024 * 1024  # request body cap in bytes (413 above it)
     admin_token: str | None = None  # bearer token of /v1/admin/*; null: no token (bind to loopback then)
     retry_after_s: int = 1  # Retry-After of 503 answers (overloaded, warming up)
@@ -296,6 +299,7 @@ class ServingConfig:
             (self.graceful_timeout_s > 0, "graceful_timeout_s", "must be > 0"),
             (self.keepalive_s >= 0, "keepalive_s", "must be >= 0"),
             (self.client_timeout_s > 0, "client_timeout_s", "must be > 0"),
+            (self.request_timeout_s > 0, "request_timeout_s", "must be > 0"),
             (self.max_content_length >= 1024, "max_content_length", "must be >= 1024 bytes"),
             (self.admin_token is None or len(self.admin_token) >= 8, "admin_token", "must have >= 8 characters"),
             (self.retry_after_s >= 0, "retry_after_s", "must be >= 0"),

@@ -67,7 +67,7 @@ def rank() -> Response:
     t0 = time.perf_counter()
     st = _state()  # a rank the queue alone refuses was answered before Flask (serving.early_refusal)
     affinity = request.headers.get(headers.AFFINITY)
-    data = _raw_body()  # a client stalling mid-body holds a thread (until serving.client_timeout_s), never budget
+    data = _raw_body()  # a client stalling mid-body holds a thread (until serving.request_timeout_s), never budget
     with _parsing_slot(st, refuse=st.admission is not None):
         req = schemas.parse_rank(schemas.parse_json(data), st.limits, affinity)
         engine = st.holder.get()

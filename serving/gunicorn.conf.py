@@ -1,7 +1,7 @@
 """gunicorn settings of one RelayGR instance (`relaygr serve` passes its flags in RELAYGR_* variables).
 
 One worker process per instance: the KV cache lives in that process, and a second worker would
-split it. Concurrency comes from gthread threads (serving/worker.py: gthread with read timeouts on
+split it. Concurrency comes from gthread threads (serving/worker.py: gthread with read limits on
 client sockets, so stalled clients cannot hold every thread); the engine serialises device work on
 its own executor thread. The engine is built after fork (post_fork), never in the master.
 """
@@ -49,9 +49,10 @@ def when_ready(server):
 
 
 def post_fork(server, worker):
-    """In the new worker: its client read timeout, library logging, then start building the engine in the
+    """In the new worker: its client read limits, library logging, then start building the engine in the
     background."""
     worker.client_timeout_s = _settings.client_timeout_s
+    worker.request_timeout_s = _settings.request_timeout_s
     logging.basicConfig(level=_settings.log_level.upper(), stream=sys.stderr,
                         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     from serving import wsgi  # creates the app here, in the worker
