@@ -71,6 +71,13 @@ def register(subparsers: argparse._SubParsersAction, bench_subparsers: argparse.
                          help="nginx max_fails of every server (0: never eject; an overload 503 counts as a failure)")
     cluster.add_argument("--fail-timeout", type=float, default=5.0, help="nginx fail_timeout (s)")
     cluster.add_argument("--read-timeout", type=float, default=30.0, help="nginx proxy_read_timeout (s)")
+    cluster.add_argument("--client-conns", type=int, default=4096,
+                         help="client connections nginx is sized for (worker_connections and its open-file limit "
+                              "add the connections to the instances)")
+    cluster.add_argument("--conns-per-client", type=int, default=1024,
+                         help="requests one client address may have in progress through nginx (429 past it)")
+    cluster.add_argument("--client-timeout", type=float, default=10.0,
+                         help="nginx client header, body and send timeout (s): a client silent this long is dropped")
     cluster.add_argument("--ready-timeout", type=float, default=900.0, help="max wait for the instances (s)")
     cluster.add_argument("--nginx", default=None, help="nginx binary (default PATH, then /usr/sbin/nginx)")
     cluster.add_argument("--balance", choices=("affinity", "random"), default="affinity",
@@ -142,6 +149,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                        overrides=tuple(args.override), host=args.host, max_fails=args.max_fails,
                        fail_timeout_s=args.fail_timeout, read_timeout_s=args.read_timeout,
                        max_body_bytes=settings.max_content_length, max_conns=settings.threads,
+                       max_client_conns=args.client_conns, conns_per_client=args.conns_per_client,
+                       client_timeout_s=args.client_timeout,
                        engine_factory=args.engine_factory, bundle=args.bundle, nginx_bin=args.nginx,
                        balance=args.balance, pin_cpus=args.pin_cpus)
     cluster = Cluster(spec)

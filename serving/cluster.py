@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -65,6 +66,12 @@ class ClusterSpec:
     # Connections nginx opens to one instance at most: its serving.threads, so a request never waits in
     # an instance's accept queue, unseen by its admission control (nginx tries the next server instead).
     max_conns: int = 64
+    # Client connections nginx is sized for (worker_connections adds the connections to the instances).
+    max_client_conns: int = 4096
+    # Requests one client address may have in progress at once (nginx limit_conn; 429 past it).
+    conns_per_client: int = 1024
+    # nginx's client_header_timeout, client_body_timeout and send_timeout.
+    client_timeout_s: float = 10.0
     engine_factory: str | None = None  # "module:callable" instead of RelayEngine.from_config
     bundle: str | None = None  # serving bundle directory instead of config_path
     nginx_bin: str | None = None
@@ -83,6 +90,8 @@ class ClusterSpec:
             raise ClusterError(f"port={self.port}: ports port..port+{self.num_instances} must be valid")
         if self.max_fails < 0 or self.fail_timeout_s <= 0 or self.read_timeout_s <= 0 or self.max_conns < 1:
             raise ClusterError("max_fails must be >= 0, fail_timeout_s and read_timeout_s > 0, max_conns >= 1")
+        if self.max_client_conns < 1 or self.conns_per_client < 1 or self.client_timeout_s <= 0:
+            raise ClusterError("max_client_conns and conns_per_client must be >= 1, client_timeout_s > 0")
 
     @property
     def instance_ids(self) -> list[str]:
@@ -96,6 +105,21 @@ class ClusterSpec:
     def servers(self) -> list[str]:
         """Upstream servers exactly as written in nginx.conf (what nginx hashes)."""
         return [f"{self.host}:{p}" for p in self.instance_ports]
+
+    @property
+    def upstream_keepalive(self) -> int:
+        """Idle connections nginx keeps to the instances: as many as they take at once."""
+        return self.num_instances * self.max_conns
+
+    @property
+    def worker_connections(self) -> int:
+        """nginx's connection slots: every client, every active and kept-alive connection to an instance, a margin."""
+        return self.max_client_conns + self.num_instances * self.max_conns + self.upstream_keepalive + 64
+
+    @property
+    def nofile_limit(self) -> int:
+        """nginx's open files: two per connection (a buffered request body may need a temp file), plus logs."""
+        return 2 * self.worker_connections + 64
 
     def cpu_set(self, index: int) -> set[int] | None:
         """The cores instance `index` is pinned to (None: not pinned)."""
@@ -124,6 +148,16 @@ def balance_directive(balance: str) -> str:
     return f"hash {headers.nginx_variable(headers.AFFINITY)} consistent;"
 
 
+def check_file_limit(spec: ClusterSpec) -> None:
+    """nginx raises its own open-file limit to spec.nofile_limit (worker_rlimit_nofile), which an account
+    other than root can do only up to its hard limit: refuse a cluster that would run out of files."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if os.geteuid() != 0 and hard != resource.RLIM_INFINITY and hard < spec.nofile_limit:
+        raise ClusterError(f"nginx needs {spec.nofile_limit} open files for --client-conns {spec.max_client_conns} "
+                           f"and {spec.num_instances} instances, above this account's hard limit {hard}: raise it "
+                           f"(ulimit -Hn, LimitNOFILE=) or lower --client-conns")
+
+
 def render_nginx_conf(spec: ClusterSpec, template: Path = TEMPLATE) -> str:
     """Fill the template's @NAME@ placeholders; an unknown or unused placeholder is an error."""
     run_dir = spec.run_dir.resolve()
@@ -141,6 +175,11 @@ def render_nginx_conf(spec: ClusterSpec, template: Path = TEMPLATE) -> str:
         "MAX_BODY": str(spec.max_body_bytes),
         "READ_TIMEOUT": f"{spec.read_timeout_s:g}",
         "TRIES": str(spec.num_instances),
+        "WORKER_CONNECTIONS": str(spec.worker_connections),
+        "NOFILE": str(spec.nofile_limit),
+        "CLIENT_TIMEOUT": f"{spec.client_timeout_s:g}",
+        "CONNS_PER_CLIENT": str(spec.conns_per_client),
+        "UPSTREAM_KEEPALIVE": str(spec.upstream_keepalive),
     }
     text = template.read_text()
     used = set(re.findall(r"@([A-Z_]+)@", text))
@@ -263,6 +302,7 @@ class Cluster:
     def _write_nginx_conf(self, spec: ClusterSpec) -> tuple[str, Path, str]:
         """Render nginx.conf for `spec` and check it with `nginx -t`; returns (nginx, conf, error log)."""
         nginx = find_nginx(spec.nginx_bin)
+        check_file_limit(spec)
         conf = self.run_dir / "nginx.conf"
         conf.write_text(render_nginx_conf(spec))
         error_log = str(self.run_dir / "logs" / "nginx-error.log")
