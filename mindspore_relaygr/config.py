@@ -255,7 +255,10 @@ class ServingConfig:
     instance_id: str = "i0"  # X-RelayGR-Instance, metrics label, engine thread name
     threads: int = 64  # gthread threads: more than the ranks admission admits at once, so none queues unseen
     timeout_s: float = 120.0  # gunicorn worker heartbeat timeout
-    graceful_timeout_s: float = 15.0  # finish in-flight requests on SIGTERM for this long
+    graceful_timeout_s: float = 15.0  # on SIGTERM, the worker is killed after this long (drain_s included)
+    # On SIGTERM the instance keeps serving for this long while /readyz answers 503 (load balancers that
+    # probe it move on), then stops accepting, answers what it accepted and exits
+    drain_s: float = 1.0
     keepalive_s: float = 75.0  # idle keep-alive; longer than nginx's upstream keepalive_timeout (60 s)
     # A client that sends nothing for this long in the middle of a request (headers or body) is
     # disconnected (a stalled body gets a 408 first)
@@ -297,6 +300,7 @@ class ServingConfig:
             (self.threads >= 1, "threads", "must be >= 1"),
             (self.timeout_s > 0, "timeout_s", "must be > 0"),
             (self.graceful_timeout_s > 0, "graceful_timeout_s", "must be > 0"),
+            (0 <= self.drain_s < self.graceful_timeout_s, "drain_s", "must be >= 0 and below graceful_timeout_s"),
             (self.keepalive_s >= 0, "keepalive_s", "must be >= 0"),
             (self.client_timeout_s > 0, "client_timeout_s", "must be > 0"),
             (self.request_timeout_s > 0, "request_timeout_s", "must be > 0"),

@@ -27,7 +27,7 @@ threads = _settings.threads
 preload_app = False  # the app and MindSpore are imported only in the worker, after fork
 max_requests = 0  # never recycle the worker: that would drop every cached prefix
 timeout = math.ceil(_settings.timeout_s)  # heartbeat timeout of the worker (the engine builds off-thread)
-graceful_timeout = math.ceil(_settings.graceful_timeout_s)
+graceful_timeout = math.ceil(_settings.graceful_timeout_s)  # the drain (serving.drain_s) comes first
 keepalive = math.ceil(_settings.keepalive_s)  # > nginx's upstream keepalive_timeout: nginx closes first
 
 # ---------------------------------------------------------------- process naming and control
@@ -53,11 +53,14 @@ def post_fork(server, worker):
     background."""
     worker.client_timeout_s = _settings.client_timeout_s
     worker.request_timeout_s = _settings.request_timeout_s
+    worker.drain_s = _settings.drain_s
     logging.basicConfig(level=_settings.log_level.upper(), stream=sys.stderr,
                         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     from serving import wsgi  # creates the app here, in the worker
 
-    wsgi.app.extensions["relaygr"].holder.start()
+    holder = wsgi.app.extensions["relaygr"].holder
+    worker.on_drain = holder.drain  # SIGTERM: /readyz fails while the worker drains
+    holder.start()
     server.log.info("worker %d: building the engine of instance %s", worker.pid, _settings.instance_id)
 
 

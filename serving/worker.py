@@ -14,7 +14,12 @@ that never close stall the loop that accepts and dispatches everyone else. This 
 * answers gunicorn's own errors (request line or headers too large, malformed headers, a malformed
   chunked body) in the API's JSON shape `{"error": ..., "field": ...}`, with gunicorn's status codes;
 * refuses what nginx refuses in front of a cluster (serving/framing.py): a transfer coding other than
-  chunked (501), a chunk size no body can have (400), before the app waits for it.
+  chunked (501), a chunk size no body can have (400), before the app waits for it;
+* drains on SIGTERM: for `serving.drain_s` it keeps serving while /readyz answers 503 (`on_drain`) and
+  every answer closes its connection; then it stops accepting without resetting a connection that
+  already connected (serving/drain.py), closes its idle connections, finishes what it accepted and exits
+  (gthread alone reset the connections in its accept queue, and waited for idle connections until the
+  graceful timeout).
 
 Written against gunicorn 27.0.1 (gunicorn/workers/gthread.py and gunicorn/workers/base.py).
 """
@@ -27,6 +32,7 @@ import math
 import socket
 import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from datetime import datetime
 from http import HTTPStatus
 from ssl import SSLError
@@ -65,6 +71,7 @@ from gunicorn.workers.gthread import TConn, ThreadWorker
 from werkzeug.exceptions import BadRequest, RequestTimeout
 
 from mindspore_relaygr.config import ServingConfig
+from serving import drain
 from serving.framing import bound_chunks, check_transfer_coding
 
 # The client errors of gunicorn's Worker.handle_error, with its status codes; anything else is a 500.
@@ -220,19 +227,92 @@ class RelayGRWorker(ThreadWorker):
     # the instance's own: set by gunicorn.conf.py's post_fork
     client_timeout_s = ServingConfig.client_timeout_s
     request_timeout_s = ServingConfig.request_timeout_s
+    drain_s = ServingConfig.drain_s
+    on_drain: Callable[[], None] = staticmethod(lambda: None)  # makes /readyz fail
+
+    _drain_started: float | None = None  # when SIGTERM came
+    _close_at: float | None = None  # when the listening sockets close (new connections are refused by then)
 
     def accept(self, listener: socket.socket) -> None:
         """ThreadWorker.accept with a TimedConn."""
         try:
             client_sock, client_addr = listener.accept()
-            self.nr_conns += 1
-            client_sock.setblocking(True)
-            limits = ReadLimits(self.client_timeout_s, self.request_timeout_s)
-            conn = TimedConn(self.cfg, client_sock, client_addr, listener.getsockname(), limits)
-            self.enqueue_req(conn)
+            self._adopt(client_sock, client_addr, listener.getsockname())
         except OSError as e:
             if e.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
                 raise
+
+    def _adopt(self, client_sock: socket.socket, client_addr: Any, server_addr: Any) -> None:
+        self.nr_conns += 1
+        client_sock.setblocking(True)
+        limits = ReadLimits(self.client_timeout_s, self.request_timeout_s)
+        self.enqueue_req(TimedConn(self.cfg, client_sock, client_addr, server_addr, limits))
+
+    # ------------------------------------------------------------------ drain on SIGTERM
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """SIGTERM: start draining (gthread would stop accepting at once and reset its accept queue)."""
+        if self.alive and self._drain_started is None:
+            self._drain_started = time.monotonic()
+            self.on_drain()
+            self.method_queue.defer(lambda: None)  # wake the main loop
+
+    def wait_for_and_dispatch_events(self, timeout: float) -> None:
+        """The main loop's wait, cut short by the steps of a drain; the last step ends the loop (alive=False),
+        and gthread's graceful shutdown then finishes the connections accepted."""
+        if self.alive and self._drain_started is not None:
+            timeout = min(timeout, self._drain_step())
+            if not self.alive:
+                return
+        super().wait_for_and_dispatch_events(timeout)
+
+    def _drain_step(self) -> float:
+        """Take the drain's next step if it is due; returns the seconds until the one after."""
+        now = time.monotonic()
+        if self._close_at is None:
+            left = self._drain_started + self.drain_s - now
+            if left > 0:
+                return left
+            self._close_at = now + self._refuse_new_connections()
+        left = self._close_at - now
+        if left > 0:
+            return left
+        taken = self._stop_accepting()
+        self._close_idle()
+        self.log.info("draining: stopped accepting %.1f s after SIGTERM (%d queued connections taken); finishing "
+                      "%d connections", now - self._drain_started, taken, self.nr_conns)
+        self.alive = False
+        return 0.0
+
+    def _refuse_new_connections(self) -> float:
+        """Drop new connection attempts where the master has let go of the listening socket; returns the grace
+        for handshakes under way (0 when nothing was filtered)."""
+        filtered = False
+        for listener in self.sockets:
+            if drain.master_holds_socket(listener, self.ppid) is False:
+                filtered = drain.refuse_new_connections(listener) or filtered
+        return drain.HANDSHAKE_GRACE_S if filtered else 0.0
+
+    def _stop_accepting(self) -> int:
+        """Serve every connection still queued on the listening sockets, then close them; returns how many."""
+        self.set_accept_enabled(False)
+        taken = 0
+        for listener in self.sockets:
+            server_addr = listener.getsockname()
+            for client_sock, client_addr in drain.accept_backlog(listener):
+                self._adopt(client_sock, client_addr, server_addr)
+                taken += 1
+            listener.close()
+        return taken
+
+    def _close_idle(self) -> None:
+        """Close kept-alive connections (idle through the whole drain) and connections that never sent a byte."""
+        self.murder_keepalived(force=True)
+        while self.pending_conns:
+            conn = self.pending_conns.popleft()
+            with suppress(OSError, KeyError, ValueError):
+                self.poller.unregister(conn.sock)
+            self.nr_conns -= 1
+            conn.close()
 
     def handle(self, conn: TimedConn) -> Any:
         """ThreadWorker.handle, then close a finished connection in this thread: on the main loop, a
@@ -247,6 +327,8 @@ class RelayGRWorker(ThreadWorker):
         """ThreadWorker.handle_request with the body as AppInput while the app runs."""
         check_transfer_coding(req)  # raised here, it is answered by handle_error and the connection closes
         bound_chunks(req)
+        if self._drain_started is not None:
+            req.force_close()  # draining: "Connection: close", the client's next request goes elsewhere
         body = req.body
         req.body = AppInput(body, req, conn.limits)
         try:
