@@ -84,10 +84,24 @@ def register(subparsers: argparse._SubParsersAction, bench_subparsers: argparse.
                          help="affinity: consistent hash on the X-RelayGR-Affinity header (a user's pre-infer and "
                               "rank meet on one instance); random: a random instance per request (no-affinity "
                               "ablation)")
+    cluster.add_argument("--device-ids", type=_device_ids, default=None, metavar="ID,ID,...",
+                         help="context.device_id of each instance, one per instance (default: instance k on device "
+                              "context.device_id + k on Ascend or GPU; on CPU every instance shares the host)")
     cluster.add_argument("--pin-cpus", action="store_true",
                          help="one core per instance (instance k on core k mod cores, one MindSpore thread), as "
                               "one device per instance: a saturated instance cannot slow the others")
     cluster.set_defaults(func=cmd_cluster)
+
+
+def _device_ids(text: str) -> tuple[int, ...]:
+    """"0,1,2" -> (0, 1, 2)."""
+    try:
+        ids = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated device ids, e.g. 0,1") from None
+    if min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a device id is >= 0")
+    return ids
 
 
 def _load(args: argparse.Namespace) -> RelayGRConfig:
@@ -113,6 +127,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from serving.app import import_factory
 
         import_factory(args.engine_factory)  # fail here, not in the worker
+    else:  # the RelayEngine: an unusable device target fails the command, not the worker after it started
+        from mindspore_relaygr.runtime import probe_device
+
+        probe_device(config.context.device_target)
     env = {**os.environ, **to_env(args.config, args.override, dataclasses.asdict(settings), args.engine_factory,
                                   args.bundle)}
     conf = Path(__file__).resolve().parent / "gunicorn.conf.py"
@@ -132,7 +150,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     """Start (or --stop) N instances behind nginx; in the foreground, Ctrl-C stops everything."""
-    from serving.cluster import Cluster, ClusterSpec, registered_run_dir, sigterm_interrupts, stop_cluster
+    from serving.cluster import (
+        Cluster,
+        ClusterSpec,
+        default_device_ids,
+        registered_run_dir,
+        sigterm_interrupts,
+        stop_cluster,
+    )
     from serving.settings import require_admin_token, resolve_cli_settings
 
     run_dir = Path(args.run_dir or f"outputs/cluster-{args.port}").resolve()
@@ -152,7 +177,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                        max_client_conns=args.client_conns, conns_per_client=args.conns_per_client,
                        client_timeout_s=args.client_timeout,
                        engine_factory=args.engine_factory, bundle=args.bundle, nginx_bin=args.nginx,
-                       balance=args.balance, pin_cpus=args.pin_cpus)
+                       balance=args.balance, pin_cpus=args.pin_cpus,
+                       device_ids=args.device_ids or default_device_ids(config.context, args.instances))
     cluster = Cluster(spec)
     detached = False
     with sigterm_interrupts():  # SIGTERM stops like Ctrl-C

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from mindspore_relaygr.config import ContextConfig
 from mindspore_relaygr.errors import RelayGRError
 from mindspore_relaygr.relay.router import NginxConsistentHash
 from serving import headers
@@ -80,6 +81,9 @@ class ClusterSpec:
     # device per instance: a saturated instance cannot slow its neighbours, as on separate devices. Each
     # instance's MindSpore runs one thread unless context.num_threads is overridden.
     pin_cpus: bool = False
+    # context.device_id of each instance (None: the config's, shared by every instance, as on CPU).
+    # `relaygr cluster` gives instance k device k on a device target (default_device_ids).
+    device_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.balance not in BALANCES:
@@ -92,6 +96,12 @@ class ClusterSpec:
             raise ClusterError("max_fails must be >= 0, fail_timeout_s and read_timeout_s > 0, max_conns >= 1")
         if self.max_client_conns < 1 or self.conns_per_client < 1 or self.client_timeout_s <= 0:
             raise ClusterError("max_client_conns and conns_per_client must be >= 1, client_timeout_s > 0")
+        if self.device_ids is not None:
+            if len(self.device_ids) != self.num_instances:
+                raise ClusterError(f"device ids {list(self.device_ids)}: give one device id per instance "
+                                   f"({self.num_instances})")
+            if min(self.device_ids) < 0:
+                raise ClusterError(f"device ids {list(self.device_ids)}: a device id is >= 0")
 
     @property
     def instance_ids(self) -> list[str]:
@@ -131,6 +141,14 @@ class ClusterSpec:
     def ring(self) -> NginxConsistentHash:
         """The Python port of nginx's choice for this cluster's upstream block."""
         return NginxConsistentHash(self.servers)
+
+
+def default_device_ids(context: ContextConfig, num_instances: int) -> tuple[int, ...] | None:
+    """One device per instance where devices exist: on a device target (Ascend, GPU) instance k gets
+    context.device_id + k; on CPU None (every instance shares the host)."""
+    if context.device_target == "CPU":
+        return None
+    return tuple(context.device_id + k for k in range(num_instances))
 
 
 def find_nginx(explicit: str | None = None) -> str:
@@ -215,8 +233,8 @@ class Cluster:
         """Instances first (until /readyz), then nginx; on any failure stop what was started."""
         self._prepare_run_dir()
         try:
-            for index, (inst, port) in enumerate(zip(self.spec.instance_ids, self.spec.instance_ports, strict=True)):
-                self._start_instance(inst, port, self.spec.cpu_set(index))
+            for index in range(self.spec.num_instances):
+                self._start_instance(index)
             self._write_state()
             deadline = time.monotonic() + ready_timeout_s
             for member in self.members:
@@ -256,7 +274,7 @@ class Cluster:
         if old.proc is not None and old.proc.poll() is None:
             raise ClusterError(f"{name} (pid {old.pid}) is still running")
         at = self.members.index(old)
-        self._start_instance(name, old.port, self.spec.cpu_set(self.spec.instance_ids.index(name)))  # appended
+        self._start_instance(self.spec.instance_ids.index(name))  # appended
         new = self.members.pop()
         self.members[at] = new
         self._write_state()
@@ -276,7 +294,9 @@ class Cluster:
         for sub in ("logs", "tmp"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
 
-    def _start_instance(self, instance_id: str, port: int, cpus: set[int] | None) -> None:
+    def instance_command(self, index: int) -> list[str]:
+        """The `relaygr serve` command line of instance `index`."""
+        instance_id, port = self.spec.instance_ids[index], self.spec.instance_ports[index]
         pid_file = str(self.run_dir / f"{instance_id}.pid")
         cmd = [sys.executable, "-m", "serving.cli", "serve", "--host", self.spec.host,
                "--port", str(port), "--instance-id", instance_id, "--pid-file", pid_file]
@@ -286,13 +306,20 @@ class Cluster:
             cmd += ["--config", str(Path(self.spec.config_path).resolve())]
         if self.spec.balance == "affinity":  # the instance learns when a rank is on its last try
             cmd += ["-o", f"serving.upstream_servers={json.dumps(self.spec.servers)}"]
+        cpus = self.spec.cpu_set(index)
         if cpus is not None and not any(o.startswith("context.num_threads=") for o in self.spec.overrides):
             cmd += ["-o", f"context.num_threads={len(cpus)}"]
         for override in self.spec.overrides:
             cmd += ["-o", override]
+        if self.spec.device_ids is not None:  # after the overrides: one device per instance
+            cmd += ["-o", f"context.device_id={self.spec.device_ids[index]}"]
         if self.spec.engine_factory:
             cmd += ["--engine-factory", self.spec.engine_factory]
-        self.members.append(self._spawn(instance_id, port, cmd, cpus))
+        return cmd
+
+    def _start_instance(self, index: int) -> None:
+        name, port = self.spec.instance_ids[index], self.spec.instance_ports[index]
+        self.members.append(self._spawn(name, port, self.instance_command(index), self.spec.cpu_set(index)))
 
     def _start_nginx(self) -> None:
         nginx, conf, error_log = self._write_nginx_conf(self.spec)
