@@ -2,12 +2,14 @@
 
 Unknown sections or keys and invalid values raise `ConfigError` naming the key and the value.
 Dotted overrides (`"cache.num_slots=8"`) are parsed as YAML scalars and type-checked like the file.
+Numbers may be written in exponent form (`1e6`, `2.5E-3`) in both: YAML 1.1 alone reads `1e6` as a string.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,6 +19,21 @@ from typing import Any
 import yaml
 
 from mindspore_relaygr.errors import ConfigError
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, also reading exponent forms without a dot (`1e6`, `-2E9`) as floats, as YAML 1.2 does."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def parse_yaml(text: str) -> Any:
+    """A YAML document or scalar, as config files and overrides are read."""
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader: no arbitrary objects
 
 
 def _require(ok: bool, key: str, value: Any, why: str) -> None:
@@ -238,11 +255,17 @@ class ServingConfig:
     instance_id: str = "i0"  # X-RelayGR-Instance, metrics label, engine thread name
     threads: int = 64  # gthread threads: more than the ranks admission admits at once, so none queues unseen
     timeout_s: float = 120.0  # gunicorn worker heartbeat timeout
-    graceful_timeout_s: float = 15.0  # finish in-flight requests on SIGTERM for this long
+    graceful_timeout_s: float = 15.0  # on SIGTERM, the worker is killed after this long (drain_s included)
+    # On SIGTERM the instance keeps serving for this long while /readyz answers 503 (load balancers that
+    # probe it move on), then stops accepting, answers what it accepted and exits
+    drain_s: float = 1.0
     keepalive_s: float = 75.0  # idle keep-alive; longer than nginx's upstream keepalive_timeout (60 s)
     # A client that sends nothing for this long in the middle of a request (headers or body) is
-    # disconnected (a stalled body gets a 408 first): the bound on how long it holds a thread
+    # disconnected (a stalled body gets a 408 first)
     client_timeout_s: float = 5.0
+    # A client must send a whole request (headers and body) within this long of the thread taking it, or it
+    # is cut off the same way: the bound on how long a client sending a byte now and then holds a thread
+    request_timeout_s: float = 10.0
     max_content_length: int = 4 * 1024 * 1024  # request body cap in bytes (413 above it)
     admin_token: str | None = None  # bearer token of /v1/admin/*; null: no token (bind to loopback then)
     retry_after_s: int = 1  # Retry-After of 503 answers (overloaded, warming up)
@@ -277,8 +300,10 @@ class ServingConfig:
             (self.threads >= 1, "threads", "must be >= 1"),
             (self.timeout_s > 0, "timeout_s", "must be > 0"),
             (self.graceful_timeout_s > 0, "graceful_timeout_s", "must be > 0"),
+            (0 <= self.drain_s < self.graceful_timeout_s, "drain_s", "must be >= 0 and below graceful_timeout_s"),
             (self.keepalive_s >= 0, "keepalive_s", "must be >= 0"),
             (self.client_timeout_s > 0, "client_timeout_s", "must be > 0"),
+            (self.request_timeout_s > 0, "request_timeout_s", "must be > 0"),
             (self.max_content_length >= 1024, "max_content_length", "must be >= 1024 bytes"),
             (self.admin_token is None or len(self.admin_token) >= 8, "admin_token", "must have >= 8 characters"),
             (self.retry_after_s >= 0, "retry_after_s", "must be >= 0"),
@@ -512,7 +537,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if len(parts) != 2 or not all(parts):
             raise ConfigError(f"override {item!r}: expected section.key=value")
         section, key = parts
-        out.setdefault(section, {})[key] = yaml.safe_load(text)
+        out.setdefault(section, {})[key] = parse_yaml(text)
     return out
 
 
@@ -524,7 +549,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
+            raw = parse_yaml(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
         _require(isinstance(raw, dict), str(path), type(raw).__name__, "must hold a mapping")

@@ -234,7 +234,7 @@ def export_bundle(model: Any, config: RelayGRConfig, vocab: Vocabulary, out_dir:
         (tmp / USERS_FILE).write_text(json.dumps(vocab.users_json()) + "\n", encoding="utf-8")
         graphs = export_mindir(model, resolved, tmp, all_buckets)
         _write_manifest(tmp, version, graphs)
-        tmp.chmod(0o755)  # mkdtemp makes it private; a bundle is an artifact other users may serve from
+        publish_modes(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -243,6 +243,15 @@ def export_bundle(model: Any, config: RelayGRConfig, vocab: Vocabulary, out_dir:
         raise
     logger.info("bundle %s written to %s", version, out)
     return out
+
+
+def publish_modes(root: Path) -> None:
+    """Make a bundle readable like an installed package: directories 0755, files 0644. mkdtemp makes the
+    directory private and MindSpore writes checkpoints and MindIR files 0400, yet a bundle is an artifact
+    that other accounts (a service user) serve from."""
+    root.chmod(0o755)
+    for path in root.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _write_manifest(root: Path, version: str, graphs: dict[str, dict[str, Any]]) -> None:

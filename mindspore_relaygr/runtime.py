@@ -6,6 +6,8 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import subprocess
+import sys
 
 from mindspore_relaygr.config import ContextConfig
 from mindspore_relaygr.errors import ConfigError
@@ -91,6 +93,39 @@ def require_device(target: str) -> None:
                           "Official MindSpore releases after 2.3 support CPU and Ascend only; use CPU or Ascend")
     raise ConfigError(f"context.device_target={target}: MindSpore {ms.__version__} finds no usable {target} "
                       "device (is the Ascend CANN toolkit installed and its environment sourced?)")
+
+
+_PROBE = """
+import sys
+from mindspore_relaygr.errors import ConfigError
+from mindspore_relaygr.runtime import require_device
+try:
+    require_device(sys.argv[1])
+except ConfigError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def probe_device(target: str, timeout_s: float = 600.0) -> None:
+    """`require_device` in a child process: a process that forks or execs afterwards (gunicorn) must not
+    have touched MindSpore or the device itself. CPU needs no probe."""
+    if target == "CPU":
+        return
+    env = dict(os.environ)
+    env.setdefault("GLOG_v", "3")  # MindSpore's C++ logs stay quiet
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE, target], capture_output=True, text=True, env=env,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"context.device_target={target}: probing the device took over {timeout_s:g} s") from None
+    if done.returncode == 0:
+        return
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    if done.returncode == 2 and lines:
+        raise ConfigError(lines[-1])
+    raise ConfigError(f"context.device_target={target}: probing the device failed (exit {done.returncode}): "
+                      f"{' '.join(lines[-3:])}")
 
 
 def keep_fp32_on_ascend() -> None:

@@ -67,7 +67,7 @@ def rank() -> Response:
     t0 = time.perf_counter()
     st = _state()  # a rank the queue alone refuses was answered before Flask (serving.early_refusal)
     affinity = request.headers.get(headers.AFFINITY)
-    data = _raw_body()  # a client stalling mid-body holds a thread (until serving.client_timeout_s), never budget
+    data = _raw_body()  # a client stalling mid-body holds a thread (until serving.request_timeout_s), never budget
     with _parsing_slot(st, refuse=st.admission is not None):
         req = schemas.parse_rank(schemas.parse_json(data), st.limits, affinity)
         engine = st.holder.get()
@@ -164,7 +164,7 @@ def healthz() -> tuple[Response, int]:
 
 @bp.get("/readyz")
 def readyz() -> Response:
-    """Readiness: 200 only once the engine is warmed up and calibrated."""
+    """Readiness: 200 only once the engine is warmed up and calibrated, and until SIGTERM (draining)."""
     st = _state()
     state = st.holder.state
     engine = st.holder.peek()
@@ -192,13 +192,14 @@ def stats() -> Response:
     st = _state()
     engine = st.holder.peek()
     ready = st.holder.state == READY
+    serving = st.holder.serving and engine is not None  # also while draining
     return jsonify({
         "instance": st.instance_id,
         "pid": os.getpid(),
         "state": st.holder.state,
         "ready": ready,
         "model_version": engine.model_version if engine is not None else None,
-        "engine": engine.stats().to_dict() if ready and engine is not None else None,
+        "engine": engine.stats().to_dict() if serving else None,
         "admission": st.admission.snapshot().to_dict() if st.admission is not None else None,
         "ranks_without_affinity": st.metrics.ranks_without_affinity,
     })

@@ -23,7 +23,14 @@ from serving.engine_holder import Engine, EngineHolder
 from serving.errors import register_error_handler
 from serving.metrics import ServingMetrics
 from serving.schemas import Limits
-from serving.settings import ENV_BUNDLE, ENV_ENGINE_FACTORY, ENV_OVERRIDES, load_from_env, resolve_settings
+from serving.settings import (
+    ENV_BUNDLE,
+    ENV_ENGINE_FACTORY,
+    ENV_OVERRIDES,
+    load_from_env,
+    require_admin_token,
+    resolve_settings,
+)
 from serving.state import AppState
 
 logger = logging.getLogger(__name__)
@@ -70,6 +77,7 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
         raise ValueError("give engine or engine_factory, not both")
     config = config or load_config()
     settings = settings or resolve_settings(config)
+    require_admin_token(settings)
     if engine is not None:
         holder = EngineHolder(engine=engine)
         instance_id = engine.instance_id
@@ -85,6 +93,7 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
                                          admission_control(config, settings), upstream_ring(settings),
                                          threading.BoundedSemaphore(settings.parse_slots))
     register_error_handler(app, settings.retry_after_s)
+    app.url_map.merge_slashes = False  # "/v1//rank" is a JSON 404, not werkzeug's 308 redirect in HTML
     app.register_blueprint(api.bp)
     # a rank the queue alone refuses never reaches Flask
     app.wsgi_app = EarlyRefusal(app.wsgi_app, state, refusal_pacer(settings))

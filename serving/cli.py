@@ -71,16 +71,37 @@ def register(subparsers: argparse._SubParsersAction, bench_subparsers: argparse.
                          help="nginx max_fails of every server (0: never eject; an overload 503 counts as a failure)")
     cluster.add_argument("--fail-timeout", type=float, default=5.0, help="nginx fail_timeout (s)")
     cluster.add_argument("--read-timeout", type=float, default=30.0, help="nginx proxy_read_timeout (s)")
+    cluster.add_argument("--client-conns", type=int, default=4096,
+                         help="client connections nginx is sized for (worker_connections and its open-file limit "
+                              "add the connections to the instances)")
+    cluster.add_argument("--conns-per-client", type=int, default=1024,
+                         help="requests one client address may have in progress through nginx (429 past it)")
+    cluster.add_argument("--client-timeout", type=float, default=10.0,
+                         help="nginx client header, body and send timeout (s): a client silent this long is dropped")
     cluster.add_argument("--ready-timeout", type=float, default=900.0, help="max wait for the instances (s)")
     cluster.add_argument("--nginx", default=None, help="nginx binary (default PATH, then /usr/sbin/nginx)")
     cluster.add_argument("--balance", choices=("affinity", "random"), default="affinity",
                          help="affinity: consistent hash on the X-RelayGR-Affinity header (a user's pre-infer and "
                               "rank meet on one instance); random: a random instance per request (no-affinity "
                               "ablation)")
+    cluster.add_argument("--device-ids", type=_device_ids, default=None, metavar="ID,ID,...",
+                         help="context.device_id of each instance, one per instance (default: instance k on device "
+                              "context.device_id + k on Ascend or GPU; on CPU every instance shares the host)")
     cluster.add_argument("--pin-cpus", action="store_true",
                          help="one core per instance (instance k on core k mod cores, one MindSpore thread), as "
                               "one device per instance: a saturated instance cannot slow the others")
     cluster.set_defaults(func=cmd_cluster)
+
+
+def _device_ids(text: str) -> tuple[int, ...]:
+    """"0,1,2" -> (0, 1, 2)."""
+    try:
+        ids = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated device ids, e.g. 0,1") from None
+    if min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a device id is >= 0")
+    return ids
 
 
 def _load(args: argparse.Namespace) -> RelayGRConfig:
@@ -94,17 +115,22 @@ def _load(args: argparse.Namespace) -> RelayGRConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Validate the config, then exec gunicorn: this process becomes the gunicorn master (same PID)."""
-    from serving.settings import resolve_settings, to_env
+    from serving.settings import require_admin_token, resolve_cli_settings, to_env
 
     if args.daemon and not args.pid_file:
         raise RelayGRError("--daemon needs --pid-file (that is how the instance is stopped)")
     config = _load(args)
-    settings = resolve_settings(config, host=args.host, port=args.port, instance_id=args.instance_id,
-                                           threads=args.threads, access_log=True if args.access_log else None)
+    settings = resolve_cli_settings(config, os.environ, host=args.host, port=args.port, instance_id=args.instance_id,
+                                    threads=args.threads, access_log=True if args.access_log else None)
+    require_admin_token(settings)
     if args.engine_factory:
         from serving.app import import_factory
 
         import_factory(args.engine_factory)  # fail here, not in the worker
+    else:  # the RelayEngine: an unusable device target fails the command, not the worker after it started
+        from mindspore_relaygr.runtime import probe_device
+
+        probe_device(config.context.device_target)
     env = {**os.environ, **to_env(args.config, args.override, dataclasses.asdict(settings), args.engine_factory,
                                   args.bundle)}
     conf = Path(__file__).resolve().parent / "gunicorn.conf.py"
@@ -124,8 +150,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     """Start (or --stop) N instances behind nginx; in the foreground, Ctrl-C stops everything."""
-    from serving.cluster import Cluster, ClusterSpec, registered_run_dir, sigterm_interrupts, stop_cluster
-    from serving.settings import resolve_settings
+    from serving.cluster import (
+        Cluster,
+        ClusterSpec,
+        default_device_ids,
+        registered_run_dir,
+        sigterm_interrupts,
+        stop_cluster,
+    )
+    from serving.settings import require_admin_token, resolve_cli_settings
 
     run_dir = Path(args.run_dir or f"outputs/cluster-{args.port}").resolve()
     if args.stop:
@@ -135,13 +168,17 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         print(f"[cluster] stopped {', '.join(stopped) or 'nothing (already gone)'}", file=sys.stderr)
         return 0
     config = _load(args)
+    settings = resolve_cli_settings(config, os.environ, host=args.host)
+    require_admin_token(settings)  # the instances bind --host too: reachable on their own ports
     spec = ClusterSpec(port=args.port, num_instances=args.instances, run_dir=run_dir, config_path=args.config,
                        overrides=tuple(args.override), host=args.host, max_fails=args.max_fails,
                        fail_timeout_s=args.fail_timeout, read_timeout_s=args.read_timeout,
-                       max_body_bytes=resolve_settings(config).max_content_length,
-                       max_conns=resolve_settings(config).threads,
+                       max_body_bytes=settings.max_content_length, max_conns=settings.threads,
+                       max_client_conns=args.client_conns, conns_per_client=args.conns_per_client,
+                       client_timeout_s=args.client_timeout,
                        engine_factory=args.engine_factory, bundle=args.bundle, nginx_bin=args.nginx,
-                       balance=args.balance, pin_cpus=args.pin_cpus)
+                       balance=args.balance, pin_cpus=args.pin_cpus,
+                       device_ids=args.device_ids or default_device_ids(config.context, args.instances))
     cluster = Cluster(spec)
     detached = False
     with sigterm_interrupts():  # SIGTERM stops like Ctrl-C

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -26,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from mindspore_relaygr.config import ContextConfig
 from mindspore_relaygr.errors import RelayGRError
 from mindspore_relaygr.relay.router import NginxConsistentHash
 from serving import headers
@@ -65,6 +67,12 @@ class ClusterSpec:
     # Connections nginx opens to one instance at most: its serving.threads, so a request never waits in
     # an instance's accept queue, unseen by its admission control (nginx tries the next server instead).
     max_conns: int = 64
+    # Client connections nginx is sized for (worker_connections adds the connections to the instances).
+    max_client_conns: int = 4096
+    # Requests one client address may have in progress at once (nginx limit_conn; 429 past it).
+    conns_per_client: int = 1024
+    # nginx's client_header_timeout, client_body_timeout and send_timeout.
+    client_timeout_s: float = 10.0
     engine_factory: str | None = None  # "module:callable" instead of RelayEngine.from_config
     bundle: str | None = None  # serving bundle directory instead of config_path
     nginx_bin: str | None = None
@@ -73,6 +81,9 @@ class ClusterSpec:
     # device per instance: a saturated instance cannot slow its neighbours, as on separate devices. Each
     # instance's MindSpore runs one thread unless context.num_threads is overridden.
     pin_cpus: bool = False
+    # context.device_id of each instance (None: the config's, shared by every instance, as on CPU).
+    # `relaygr cluster` gives instance k device k on a device target (default_device_ids).
+    device_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.balance not in BALANCES:
@@ -83,6 +94,14 @@ class ClusterSpec:
             raise ClusterError(f"port={self.port}: ports port..port+{self.num_instances} must be valid")
         if self.max_fails < 0 or self.fail_timeout_s <= 0 or self.read_timeout_s <= 0 or self.max_conns < 1:
             raise ClusterError("max_fails must be >= 0, fail_timeout_s and read_timeout_s > 0, max_conns >= 1")
+        if self.max_client_conns < 1 or self.conns_per_client < 1 or self.client_timeout_s <= 0:
+            raise ClusterError("max_client_conns and conns_per_client must be >= 1, client_timeout_s > 0")
+        if self.device_ids is not None:
+            if len(self.device_ids) != self.num_instances:
+                raise ClusterError(f"device ids {list(self.device_ids)}: give one device id per instance "
+                                   f"({self.num_instances})")
+            if min(self.device_ids) < 0:
+                raise ClusterError(f"device ids {list(self.device_ids)}: a device id is >= 0")
 
     @property
     def instance_ids(self) -> list[str]:
@@ -97,6 +116,21 @@ class ClusterSpec:
         """Upstream servers exactly as written in nginx.conf (what nginx hashes)."""
         return [f"{self.host}:{p}" for p in self.instance_ports]
 
+    @property
+    def upstream_keepalive(self) -> int:
+        """Idle connections nginx keeps to the instances: as many as they take at once."""
+        return self.num_instances * self.max_conns
+
+    @property
+    def worker_connections(self) -> int:
+        """nginx's connection slots: every client, every active and kept-alive connection to an instance, a margin."""
+        return self.max_client_conns + self.num_instances * self.max_conns + self.upstream_keepalive + 64
+
+    @property
+    def nofile_limit(self) -> int:
+        """nginx's open files: two per connection (a buffered request body may need a temp file), plus logs."""
+        return 2 * self.worker_connections + 64
+
     def cpu_set(self, index: int) -> set[int] | None:
         """The cores instance `index` is pinned to (None: not pinned)."""
         if not self.pin_cpus:
@@ -107,6 +141,14 @@ class ClusterSpec:
     def ring(self) -> NginxConsistentHash:
         """The Python port of nginx's choice for this cluster's upstream block."""
         return NginxConsistentHash(self.servers)
+
+
+def default_device_ids(context: ContextConfig, num_instances: int) -> tuple[int, ...] | None:
+    """One device per instance where devices exist: on a device target (Ascend, GPU) instance k gets
+    context.device_id + k; on CPU None (every instance shares the host)."""
+    if context.device_target == "CPU":
+        return None
+    return tuple(context.device_id + k for k in range(num_instances))
 
 
 def find_nginx(explicit: str | None = None) -> str:
@@ -122,6 +164,16 @@ def balance_directive(balance: str) -> str:
     if balance == "random":
         return "random;"
     return f"hash {headers.nginx_variable(headers.AFFINITY)} consistent;"
+
+
+def check_file_limit(spec: ClusterSpec) -> None:
+    """nginx raises its own open-file limit to spec.nofile_limit (worker_rlimit_nofile), which an account
+    other than root can do only up to its hard limit: refuse a cluster that would run out of files."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if os.geteuid() != 0 and hard != resource.RLIM_INFINITY and hard < spec.nofile_limit:
+        raise ClusterError(f"nginx needs {spec.nofile_limit} open files for --client-conns {spec.max_client_conns} "
+                           f"and {spec.num_instances} instances, above this account's hard limit {hard}: raise it "
+                           f"(ulimit -Hn, LimitNOFILE=) or lower --client-conns")
 
 
 def render_nginx_conf(spec: ClusterSpec, template: Path = TEMPLATE) -> str:
@@ -141,6 +193,11 @@ def render_nginx_conf(spec: ClusterSpec, template: Path = TEMPLATE) -> str:
         "MAX_BODY": str(spec.max_body_bytes),
         "READ_TIMEOUT": f"{spec.read_timeout_s:g}",
         "TRIES": str(spec.num_instances),
+        "WORKER_CONNECTIONS": str(spec.worker_connections),
+        "NOFILE": str(spec.nofile_limit),
+        "CLIENT_TIMEOUT": f"{spec.client_timeout_s:g}",
+        "CONNS_PER_CLIENT": str(spec.conns_per_client),
+        "UPSTREAM_KEEPALIVE": str(spec.upstream_keepalive),
     }
     text = template.read_text()
     used = set(re.findall(r"@([A-Z_]+)@", text))
@@ -176,8 +233,8 @@ class Cluster:
         """Instances first (until /readyz), then nginx; on any failure stop what was started."""
         self._prepare_run_dir()
         try:
-            for index, (inst, port) in enumerate(zip(self.spec.instance_ids, self.spec.instance_ports, strict=True)):
-                self._start_instance(inst, port, self.spec.cpu_set(index))
+            for index in range(self.spec.num_instances):
+                self._start_instance(index)
             self._write_state()
             deadline = time.monotonic() + ready_timeout_s
             for member in self.members:
@@ -217,7 +274,7 @@ class Cluster:
         if old.proc is not None and old.proc.poll() is None:
             raise ClusterError(f"{name} (pid {old.pid}) is still running")
         at = self.members.index(old)
-        self._start_instance(name, old.port, self.spec.cpu_set(self.spec.instance_ids.index(name)))  # appended
+        self._start_instance(self.spec.instance_ids.index(name))  # appended
         new = self.members.pop()
         self.members[at] = new
         self._write_state()
@@ -237,7 +294,9 @@ class Cluster:
         for sub in ("logs", "tmp"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
 
-    def _start_instance(self, instance_id: str, port: int, cpus: set[int] | None) -> None:
+    def instance_command(self, index: int) -> list[str]:
+        """The `relaygr serve` command line of instance `index`."""
+        instance_id, port = self.spec.instance_ids[index], self.spec.instance_ports[index]
         pid_file = str(self.run_dir / f"{instance_id}.pid")
         cmd = [sys.executable, "-m", "serving.cli", "serve", "--host", self.spec.host,
                "--port", str(port), "--instance-id", instance_id, "--pid-file", pid_file]
@@ -247,13 +306,20 @@ class Cluster:
             cmd += ["--config", str(Path(self.spec.config_path).resolve())]
         if self.spec.balance == "affinity":  # the instance learns when a rank is on its last try
             cmd += ["-o", f"serving.upstream_servers={json.dumps(self.spec.servers)}"]
+        cpus = self.spec.cpu_set(index)
         if cpus is not None and not any(o.startswith("context.num_threads=") for o in self.spec.overrides):
             cmd += ["-o", f"context.num_threads={len(cpus)}"]
         for override in self.spec.overrides:
             cmd += ["-o", override]
+        if self.spec.device_ids is not None:  # after the overrides: one device per instance
+            cmd += ["-o", f"context.device_id={self.spec.device_ids[index]}"]
         if self.spec.engine_factory:
             cmd += ["--engine-factory", self.spec.engine_factory]
-        self.members.append(self._spawn(instance_id, port, cmd, cpus))
+        return cmd
+
+    def _start_instance(self, index: int) -> None:
+        name, port = self.spec.instance_ids[index], self.spec.instance_ports[index]
+        self.members.append(self._spawn(name, port, self.instance_command(index), self.spec.cpu_set(index)))
 
     def _start_nginx(self) -> None:
         nginx, conf, error_log = self._write_nginx_conf(self.spec)
@@ -263,6 +329,7 @@ class Cluster:
     def _write_nginx_conf(self, spec: ClusterSpec) -> tuple[str, Path, str]:
         """Render nginx.conf for `spec` and check it with `nginx -t`; returns (nginx, conf, error log)."""
         nginx = find_nginx(spec.nginx_bin)
+        check_file_limit(spec)
         conf = self.run_dir / "nginx.conf"
         conf.write_text(render_nginx_conf(spec))
         error_log = str(self.run_dir / "logs" / "nginx-error.log")

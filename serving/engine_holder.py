@@ -38,7 +38,7 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-STARTING, READY, FAILED, CLOSED = "starting", "ready", "failed", "closed"
+STARTING, READY, DRAINING, FAILED, CLOSED = "starting", "ready", "draining", "failed", "closed"
 
 
 class EngineHolder:
@@ -51,6 +51,7 @@ class EngineHolder:
         self._engine = engine
         self._error: str | None = None
         self._closed = False
+        self._draining = False
         self._thread: threading.Thread | None = None
         self._pid = os.getpid() if engine is not None else None  # the process the engine belongs to
         self._lock = threading.Lock()
@@ -86,15 +87,26 @@ class EngineHolder:
             return
         logger.info("engine ready in %.1f s (model version %s)", time.perf_counter() - t0, engine.model_version)
 
+    def drain(self) -> None:
+        """The instance is shutting down: not ready from now on, though a ready engine still serves (get)."""
+        self._draining = True
+
     @property
     def state(self) -> str:
-        """starting | ready | failed | closed."""
+        """starting | ready | draining | failed | closed."""
         if self._closed:
             return CLOSED
         if self._error is not None:
             return FAILED
+        if self._draining:
+            return DRAINING
+        return READY if self.serving else STARTING
+
+    @property
+    def serving(self) -> bool:
+        """Whether a built, warmed-up engine answers requests (also while draining)."""
         engine = self._engine
-        return READY if engine is not None and engine.ready else STARTING
+        return engine is not None and engine.ready and not self._closed
 
     @property
     def error(self) -> str | None:

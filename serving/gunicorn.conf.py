@@ -1,7 +1,7 @@
 """gunicorn settings of one RelayGR instance (`relaygr serve` passes its flags in RELAYGR_* variables).
 
 One worker process per instance: the KV cache lives in that process, and a second worker would
-split it. Concurrency comes from gthread threads (serving/worker.py: gthread with read timeouts on
+split it. Concurrency comes from gthread threads (serving/worker.py: gthread with read limits on
 client sockets, so stalled clients cannot hold every thread); the engine serialises device work on
 its own executor thread. The engine is built after fork (post_fork), never in the master.
 """
@@ -10,9 +10,10 @@ import logging
 import math
 import sys
 
-from serving.settings import load_from_env
+from serving.settings import load_from_env, require_admin_token
 
 _config, _settings = load_from_env()  # validated here, in the master, so a bad config fails fast
+require_admin_token(_settings)
 
 # ---------------------------------------------------------------- server socket
 bind = [f"{_settings.host}:{_settings.port}"]  # 127.0.0.1 unless serving.host says otherwise
@@ -26,7 +27,7 @@ threads = _settings.threads
 preload_app = False  # the app and MindSpore are imported only in the worker, after fork
 max_requests = 0  # never recycle the worker: that would drop every cached prefix
 timeout = math.ceil(_settings.timeout_s)  # heartbeat timeout of the worker (the engine builds off-thread)
-graceful_timeout = math.ceil(_settings.graceful_timeout_s)
+graceful_timeout = math.ceil(_settings.graceful_timeout_s)  # the drain (serving.drain_s) comes first
 keepalive = math.ceil(_settings.keepalive_s)  # > nginx's upstream keepalive_timeout: nginx closes first
 
 # ---------------------------------------------------------------- process naming and control
@@ -48,14 +49,18 @@ def when_ready(server):
 
 
 def post_fork(server, worker):
-    """In the new worker: its client read timeout, library logging, then start building the engine in the
+    """In the new worker: its client read limits, library logging, then start building the engine in the
     background."""
     worker.client_timeout_s = _settings.client_timeout_s
+    worker.request_timeout_s = _settings.request_timeout_s
+    worker.drain_s = _settings.drain_s
     logging.basicConfig(level=_settings.log_level.upper(), stream=sys.stderr,
                         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     from serving import wsgi  # creates the app here, in the worker
 
-    wsgi.app.extensions["relaygr"].holder.start()
+    holder = wsgi.app.extensions["relaygr"].holder
+    worker.on_drain = holder.drain  # SIGTERM: /readyz fails while the worker drains
+    holder.start()
     server.log.info("worker %d: building the engine of instance %s", worker.pid, _settings.instance_id)
 
 

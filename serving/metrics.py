@@ -141,7 +141,7 @@ class EngineStatsCollector(Collector):
                                  labels=["instance", "model_version", "pid"])
         info.add_metric([self.instance_id, engine.model_version if engine else "", str(os.getpid())], 1.0)
         yield info
-        if not ready or engine is None:
+        if not self.holder.serving or engine is None:  # a draining engine still has its stats
             yield from _stats_families(None)
             return
         try:

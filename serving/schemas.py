@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.errors import InvalidRequest
-from mindspore_relaygr.model.inputs import HISTORY_FIELDS, MAX_ABS_TIMESTAMP
+from mindspore_relaygr.model.inputs import HISTORY_FIELDS, MAX_ABS_TIMESTAMP, check_chronological
 from serving import headers
 
 MAX_USER_ID_LEN = 256  # characters (code points), not bytes
 # C0/C1 controls and DEL (category Cc), and lone surrogates, which have no UTF-8 form for the header.
 _FORBIDDEN_IN_USER_ID = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# A user id needs one character that shows: a letter, mark, number, punctuation or symbol (Unicode categories
+# L, M, N, P, S). Ids of spaces, zero-width or format characters alone (U+200B, U+FEFF) look empty in every log.
+_VISIBLE_CATEGORIES = frozenset("LMNPS")
 MAX_SHOWN_NAME = 64  # unknown field names are echoed back at most this long
 
 
@@ -128,9 +132,13 @@ def _optional_int(body: dict[str, Any], name: str, low: int, high: int | None) -
 
 
 def _check_user_id(user_id: str, field: str) -> None:
-    """1..MAX_USER_ID_LEN characters (code points, not bytes) with no control character or lone surrogate."""
+    """1..MAX_USER_ID_LEN characters (code points, not bytes) with no control character or lone surrogate, and
+    at least one visible character."""
     if not 1 <= len(user_id) <= MAX_USER_ID_LEN or _FORBIDDEN_IN_USER_ID.search(user_id):
         raise InvalidRequest(field, f"must be 1..{MAX_USER_ID_LEN} characters without control characters")
+    if not any(unicodedata.category(ch)[0] in _VISIBLE_CATEGORIES for ch in user_id):
+        raise InvalidRequest(field, "must contain a visible character (a letter, digit, punctuation or symbol), "
+                                    "not only spaces or invisible characters")
 
 
 def parse_user_id(body: dict[str, Any], affinity: str | None) -> str:
@@ -157,7 +165,7 @@ def parse_user_id(body: dict[str, Any], affinity: str | None) -> str:
 
 
 def parse_history(value: Any, limits: Limits, name: str = "history") -> dict[str, list[int]]:
-    """{item_ids, action_ids, timestamps, user_features?} with equal lengths and ids in range."""
+    """{item_ids, action_ids, timestamps, user_features?} with equal lengths, ids in range, oldest event first."""
     obj = _object(value, name, HISTORY_FIELDS, ("user_features",))
     n = limits.max_history_len
     out = {
@@ -168,6 +176,7 @@ def parse_history(value: Any, limits: Limits, name: str = "history") -> dict[str
     lengths = [len(v) for v in out.values()]
     if len(set(lengths)) != 1:
         raise InvalidRequest(name, f"item_ids, action_ids and timestamps differ in length {tuple(lengths)}")
+    check_chronological(f"{name}.timestamps", out["timestamps"])
     if lengths[0] < limits.min_history_len:
         raise InvalidRequest(f"{name}.item_ids", f"needs at least {limits.min_history_len} event(s)")
     features = obj.get("user_features")

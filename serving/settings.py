@@ -9,6 +9,7 @@ them back with `load_from_env`, so both see one resolved configuration.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 from collections.abc import Mapping
@@ -34,6 +35,34 @@ def resolve_settings(config: RelayGRConfig, **overrides: Any) -> ServingConfig:
     return dataclasses.replace(config.serving, **{k: v for k, v in overrides.items() if v is not None})
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a bind address accepts connections from this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any address
+        return False
+
+
+def require_admin_token(settings: ServingConfig) -> None:
+    """Refuse to serve /v1/admin/* without a token on an address other machines reach (ConfigError)."""
+    if settings.admin_token is not None or is_loopback(settings.host):
+        return
+    raise ConfigError(
+        f"serving.host={settings.host} is not a loopback address and no admin token is set: anyone who reaches "
+        f"the instance could drop its cached prefixes (POST /v1/admin/flush). Set a token of 8 or more characters, "
+        f"e.g. `export {ENV_ADMIN_TOKEN}=$(openssl rand -hex 16)` or `-o serving.admin_token=...`, or bind to "
+        f"127.0.0.1")
+
+
+def resolve_cli_settings(config: RelayGRConfig, environ: Mapping[str, str], **flags: Any) -> ServingConfig:
+    """The settings of `relaygr serve` / `relaygr cluster`: the config's, then RELAYGR_SERVING_* and
+    RELAYGR_ADMIN_TOKEN from `environ`, then the non-None command-line `flags`."""
+    return resolve_settings(config, **{**settings_env_overrides(environ),
+                                       **{k: v for k, v in flags.items() if v is not None}})
+
+
 def _parse(name: str, text: str, tp: Any) -> Any:
     try:
         if tp in (bool, "bool"):
@@ -41,7 +70,10 @@ def _parse(name: str, text: str, tp: Any) -> Any:
                 raise ValueError(text)
             return text.lower() in ("1", "true", "yes")
         if tp in (int, "int"):
-            return int(text)
+            number = float(text)  # "4e6" as the config file reads it; "1.5" is refused below
+            if not number.is_integer():
+                raise ValueError(text)
+            return int(text) if text.strip().lstrip("+-").isdigit() else int(number)
         if tp in (float, "float"):
             return float(text)
         if str(tp).startswith("list"):

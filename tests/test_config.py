@@ -48,6 +48,21 @@ def test_bad_values_name_key_and_value(override, message):
         load_config(CONFIGS / "tiny.yaml", [override])
 
 
+def test_numbers_in_exponent_form_are_numbers(tmp_path):
+    """YAML 1.1 reads 1e6 (no dot) as a string: `-o cache.pool_bytes=1e6` was refused, 1.0e+6 accepted."""
+    cfg = load_config(CONFIGS / "tiny.yaml", ["cache.pool_bytes=1e6", "expander.dram_bytes=2E9",
+                                              "trigger.max_prefill_tokens_per_s=+2.5e5", "cache.num_slots=1e1"])
+    assert (cfg.cache.pool_bytes, cfg.expander.dram_bytes) == (1e6, 2e9)
+    assert cfg.trigger.max_prefill_tokens_per_s == 2.5e5
+    assert cfg.cache.num_slots == 10 and isinstance(cfg.cache.num_slots, int)  # an integral float fits an int
+    with pytest.raises(ConfigError, match="cache.num_slots=1.5: must be an integer"):
+        load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=1.5e0"])
+    path = tmp_path / "c.yaml"
+    path.write_text("cache:\n  num_slots: null\n  pool_bytes: 5e8\n")
+    assert load_config(path).cache.pool_bytes == 5e8
+    assert load_config(None, ["model.version=v1e6"]).model.version == "v1e6"  # not a number: a string
+
+
 def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "none.yaml")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 
 import numpy as np
 import pytest
@@ -55,6 +56,16 @@ def test_bundle_files_manifest_and_version(model_and_bundle):
     assert load_vocabulary(out) == VOCAB
     items = json.loads((out / "items.json").read_text())
     assert items["raw_to_dense"]["1007"] == 7 and items["titles"]["7"] == "Movie 7 (1997)"
+
+
+def test_bundle_files_are_readable_by_every_account(model_and_bundle):
+    """MindSpore writes checkpoints and MindIR files mode 0400: a service account other than the exporter could
+    not read them. A bundle is installed like a package: directories 0755, files 0644."""
+    _, out = model_and_bundle
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [out, *out.rglob("*")]}
+    assert modes[out.name] == 0o755
+    assert {name: mode for name, mode in modes.items() if name != out.name and mode != 0o644} == {}
+    assert any(name.endswith(".mindir") for name in modes) and "model.ckpt" in modes
 
 
 def test_loaded_bundle_scores_like_the_original(model_and_bundle):

@@ -76,7 +76,21 @@ def validate_history(cfg: ModelConfig, history: Mapping[str, Any] | History, nam
     _check_range(f"{name}.action_ids", actions, 0, cfg.num_actions - 1)
     if times.size and np.abs(times).max() >= MAX_ABS_TIMESTAMP:
         raise InvalidRequest(f"{name}.timestamps", f"must be below {MAX_ABS_TIMESTAMP} in magnitude")
+    check_chronological(f"{name}.timestamps", times)
     return History(items, actions, times, _user_features(cfg, history.get("user_features"), name))
+
+
+def check_chronological(name: str, timestamps: Sequence[int] | np.ndarray) -> None:
+    """Events are oldest first: equal timestamps are fine, a timestamp before its predecessor is an InvalidRequest.
+    (The time buckets of the attention see the gaps between events; a reversed pair would be a negative gap.)"""
+    times = np.asarray(timestamps)
+    if times.size < 2:
+        return
+    back = np.flatnonzero(times[1:] < times[:-1])
+    if back.size:
+        i = int(back[0]) + 1
+        raise InvalidRequest(name, f"must not decrease (oldest event first): {int(times[i])} at index {i} is before "
+                                   f"{int(times[i - 1])} at index {i - 1}")
 
 
 def _user_features(cfg: ModelConfig, value: Any, name: str) -> np.ndarray | None:

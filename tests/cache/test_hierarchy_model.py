@@ -81,7 +81,7 @@ def test_tiers_on_the_real_model(model):
     np.testing.assert_allclose(scores, model.rank_full(full, cands), atol=TOL, rtol=0)
     assert rank(cache, "a", full, cands)[1] == "device"  # the entry now holds all 110 events
     stale = type(full)(full.item_ids.copy(), full.action_ids.copy(), full.timestamps.copy(), full.user_features)
-    stale.timestamps[3] += 1  # same events, one timestamp changed: never served from the cache
+    stale.timestamps[:4] -= 1  # same events, earlier timestamps (still in order): never served from the cache
     assert rank(cache, "a", stale, cands) is None
 
 

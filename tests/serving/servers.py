@@ -146,8 +146,10 @@ def serve(tmp: Path, instance_id: str = "s0", config: Path | None = None, overri
 @contextlib.contextmanager
 def cluster(tmp: Path, num_instances: int, config: Path | None = None, overrides: tuple[str, ...] = (),
             engine_factory: str | None = None, env: dict[str, str] | None = None,
-            ready_timeout: float = 900.0) -> Iterator[tuple[str, subprocess.Popen, Path, int]]:
-    """`relaygr cluster` in the foreground; yields (nginx url, cluster process, run dir, nginx port)."""
+            ready_timeout: float = 900.0, extra_args: tuple[str, ...] = ()
+            ) -> Iterator[tuple[str, subprocess.Popen, Path, int]]:
+    """`relaygr cluster` (plus `extra_args`) in the foreground; yields (nginx url, cluster process, run dir,
+    nginx port)."""
     port = free_port_block(num_instances + 1)
     run_dir = tmp / "cluster"
     log = tmp / "cluster.log"
@@ -160,6 +162,7 @@ def cluster(tmp: Path, num_instances: int, config: Path | None = None, overrides
         cmd += ["-o", o]
     if engine_factory:
         cmd += ["--engine-factory", engine_factory]
+    cmd += list(extra_args)
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/sbin",

@@ -25,7 +25,7 @@ TRICKY = [
     "a:b@c.d/e?f=g&h#i;j,k", "tab\there", "\x00\x7f\x85", "\u2028\ufeff\u00a0", string.printable, "\U0010ffff",
     "x" * 300,
 ]
-UNICODE_IDS = ["é", "用户1", "🙂", "👨\u200d👩\u200d👧", "50% off", "a%41 b", " ", "Ω≈ç√∫"]
+UNICODE_IDS = ["é", "用户1", "🙂", "👨\u200d👩\u200d👧", "50% off", "a%41 b", " a ", "Ω≈ç√∫"]
 HEADER_CHARS = set(string.ascii_letters + string.digits + string.punctuation)  # no space, no control
 
 
@@ -95,6 +95,12 @@ def test_preinfer_and_rank_with_a_unicode_user_id(client, fake_engine, user_id, 
     assert resp.headers[headers.CACHE] == "device"  # the rank found the pre-infer's entry: same user key
 
 
+@pytest.mark.parametrize("user_id", ["a\u200b", "\u200b.", " 7 ", "\u0301", "\U0001f642\ufeff"], ids=repr)
+def test_one_visible_character_makes_a_user_id(client, fake_engine, user_id):
+    assert post(client, "/v1/rank", rank_body(user_id), encode_affinity(user_id)).status_code == 200
+    assert fake_engine.calls[-1] == ("rank", user_id)
+
+
 def test_user_id_length_counts_characters_not_bytes(client, fake_engine):
     longest = "é" * 256  # 512 UTF-8 bytes, 3072 header characters
     assert post(client, "/v1/rank", rank_body(longest), encode_affinity(longest)).status_code == 200
@@ -128,6 +134,11 @@ def test_a_header_that_is_not_percent_encoded_utf8_is_a_400_naming_it(client, fa
     (None, encode_affinity("a\nb"), headers.AFFINITY),
     (None, "%C2%85", headers.AFFINITY),  # C1 control (NEL)
     ("\ud800", None, "user_id"),  # a lone surrogate (JSON "\ud800") has no UTF-8 form
+    # no visible character: a log line or a dashboard would show an empty user
+    ("\u200b", None, "user_id"),  # zero-width space
+    ("\ufeff \u00a0", None, "user_id"),  # byte order mark, spaces
+    (None, encode_affinity("\u200b\u200d"), headers.AFFINITY),
+    (None, "%20", headers.AFFINITY),
 ])
 def test_mismatched_or_invalid_ids_are_400s(client, fake_engine, body_id, affinity, field):
     body = rank_body(body_id)

@@ -105,12 +105,18 @@ def test_settings_are_validated(tiny_config, bad, match):
 @pytest.mark.parametrize("env, match", [
     ({"RELAYGR_SERVING_PORT": "eighty"}, "RELAYGR_SERVING_PORT"),
     ({"RELAYGR_SERVING_ACCESS_LOG": "maybe"}, "ACCESS_LOG"),
+    ({"RELAYGR_SERVING_MAX_CONTENT_LENGTH": "4096.5"}, "MAX_CONTENT_LENGTH"),  # not an integer
     ({"RELAYGR_OVERRIDES": "{"}, "RELAYGR_OVERRIDES"),
     ({"RELAYGR_OVERRIDES": '["cache.num_slots=0"]'}, "cache.num_slots=0"),
 ])
 def test_bad_environment_is_a_config_error(env, match):
     with pytest.raises(ConfigError, match=match):
         load_from_env(env)
+
+
+def test_numbers_in_the_environment_read_like_the_config_file():
+    _, settings = load_from_env({"RELAYGR_SERVING_MAX_CONTENT_LENGTH": "4e6", "RELAYGR_SERVING_PARSE_WAIT_MS": "2.5e1"})
+    assert (settings.max_content_length, settings.parse_wait_ms) == (4_000_000, 25.0)
 
 
 def test_a_bundle_that_is_not_one_is_rejected_before_serving(tmp_path):

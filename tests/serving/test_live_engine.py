@@ -105,7 +105,8 @@ def test_preinfer_then_rank_is_served_from_the_device_with_full_inference_scores
         check_scores(rank, reference, "alice", hist, cands)
 
         # The ranking request carries a few short-term events that happened after the pre-infer.
-        longer = {k: (v if k == "user_features" else v + history(2, 4)[k]) for k, v in hist.items()}
+        later = {**history(2, 4), "timestamps": [hist["timestamps"][-1] + 60 * k for k in range(1, 5)]}
+        longer = {k: (v if k == "user_features" else v + later[k]) for k, v in hist.items()}
         wait_cached(s, url, "alice", hist)
         rank = s.post(f"{url}/v1/rank", json={"user_id": "alice", "history": longer,
                                              "candidates": {"item_ids": cands}}, headers=hdr, timeout=TIMEOUT)

@@ -9,7 +9,10 @@ a latency threshold.
 
 from __future__ import annotations
 
+import select
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,7 +21,7 @@ from gunicorn.http.errors import InvalidChunkSize, NoMoreData
 from werkzeug.exceptions import BadRequest, RequestTimeout
 
 from serving import headers
-from serving.worker import AppInput, ClientTimeout, TimedUnreader
+from serving.worker import AppInput, ClientTimeout, ReadLimits, TimedUnreader
 from tests.serving.conftest import preinfer_body, rank_body
 from tests.serving.servers import FAKE_FACTORY, HOST, cluster, serve, session, tail
 from tests.serving.test_error_shape import READ_TIMEOUT_S, assert_json_error, port_of, read_response
@@ -94,6 +97,57 @@ def test_stalled_clients_are_cut_off_after_client_timeout_s(tmp_path):
         assert "Traceback" not in text and "[ERROR]" not in text, tail(log)
 
 
+class DripFeeder(threading.Thread):
+    """A client that sends one byte of a request every `every_s` seconds (never idle long enough for the read
+    timeout) until the server answers or closes; `answer` is then the response (None: closed without one)."""
+
+    def __init__(self, port: int, in_body: bool, every_s: float = 0.5, give_up_s: float = 60.0) -> None:
+        super().__init__(daemon=True)
+        head = b"POST /v1/rank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        self.data = head + (b"Content-Length: 4000\r\n\r\n" + b" " * 4000 if in_body else b"X-Drip: " + b"a" * 4000)
+        self.sock = socket.create_connection((HOST, port), timeout=READ_TIMEOUT_S)
+        self.in_body, self.every_s, self.give_up_s = in_body, every_s, give_up_s
+        self.ended = threading.Event()
+        self.answer: tuple | None = None
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.give_up_s
+        sent = self.data.index(b"\r\n\r\n") + 4 if self.in_body else len(b"POST /v1/rank HTTP/1.1\r\n")
+        try:
+            self.sock.sendall(self.data[:sent])
+            while time.monotonic() < deadline:
+                readable, _, _ = select.select([self.sock], [], [], self.every_s)  # the pace of the drip
+                if readable:
+                    self.answer = read_response(self.sock)
+                    self.ended.set()
+                    return
+                self.sock.sendall(self.data[sent:sent + 1])
+                sent += 1
+        except OSError:  # reset or closed while sending: the server gave up on it
+            self.ended.set()
+        finally:
+            self.sock.close()
+
+
+@pytest.mark.slow
+def test_drip_fed_clients_are_cut_off_by_the_request_deadline(tmp_path):
+    """80 clients sending one byte every 3 s kept an instance from answering /readyz for 30 s: each byte reset the
+    idle read timeout. Here 8 drip-fed clients hold all 4 threads; serving.request_timeout_s (headers and body
+    together) frees them, so other clients are answered while the drip goes on."""
+    overrides = ("serving.threads=4", "serving.client_timeout_s=2", "serving.request_timeout_s=3")
+    with serve(tmp_path, "st3", engine_factory=FAKE_FACTORY, overrides=overrides) as (url, proc, log):
+        feeders = [DripFeeder(port_of(url), in_body=k % 2 == 1) for k in range(8)]
+        for feeder in feeders:
+            feeder.start()
+        assert_serving(url)
+        for feeder in feeders:
+            assert feeder.ended.wait(READ_TIMEOUT_S), "a drip-fed client was never cut off"
+            if feeder.in_body:  # the app was reading its body: a JSON 408
+                assert "request_timeout_s" in assert_json_error(feeder.answer, 408)["error"]
+            else:  # inside the headers there is no request to answer yet: closed
+                assert feeder.answer is None
+
+
 @pytest.mark.slow
 def test_clients_that_never_close_do_not_stall_the_instance(tmp_path):
     """gunicorn closed "Connection: close" answers on its main loop, waiting up to 2 s for each
@@ -141,7 +195,7 @@ class FakeRequest:
                                                (InvalidChunkSize(b"zz"), BadRequest)])
 def test_a_failed_body_read_becomes_the_apps_answer_and_closes_the_connection(error, answer):
     req = FakeRequest()
-    body = AppInput(FakeBody([b'{"a": ', b"1"], error), req, timeout_s=5.0)
+    body = AppInput(FakeBody([b'{"a": ', b"1"], error), req, ReadLimits(5.0, 10.0))
     assert body.read() == b'{"a": ' and body.readline() == b"1"
     with pytest.raises(answer):
         body.read()
@@ -152,11 +206,40 @@ def test_a_failed_body_read_becomes_the_apps_answer_and_closes_the_connection(er
 def test_a_read_timeout_is_a_client_that_went_away_to_gunicorn():
     server, client = socket.socketpair()
     with server, client:
-        server.settimeout(0.01)
-        unreader = TimedUnreader(server)
+        unreader = TimedUnreader(server, ReadLimits(0.01, 60.0))
+        unreader.limits.start_request()
         client.sendall(b"GET / HT")
         assert unreader.read() == b"GET / HT"
         with pytest.raises(ClientTimeout) as caught:
             unreader.read()
         assert isinstance(caught.value, NoMoreData) and isinstance(caught.value, TimeoutError)
         assert unreader.timed_out
+
+
+def test_the_request_deadline_limits_reads_once_it_is_nearer_than_the_idle_timeout():
+    now = [100.0]
+    limits = ReadLimits(idle_s=2.0, request_s=3.0, clock=lambda: now[0])
+    limits.start_request()
+    assert limits.next_wait() == (2.0, False)
+    now[0] += 1.5
+    assert limits.next_wait() == (1.5, True)
+    now[0] += 2.0
+    assert limits.next_wait() == (0.0, True)
+    limits.start_request()  # the next request on a kept-alive connection
+    assert limits.next_wait() == (2.0, False)
+
+
+def test_a_client_past_the_request_deadline_is_cut_off_although_it_keeps_sending():
+    server, client = socket.socketpair()
+    with server, client:
+        now = [0.0]
+        unreader = TimedUnreader(server, ReadLimits(5.0, 10.0, clock=lambda: now[0]))
+        unreader.limits.start_request()
+        client.sendall(b"GET / HT")
+        assert unreader.read() == b"GET / HT"
+        now[0] = 10.5  # bytes keep coming, but the whole request is late
+        client.sendall(b"TP/1.1")
+        with pytest.raises(ClientTimeout) as caught:
+            unreader.read()
+        assert caught.value.whole and unreader.timed_out
+
