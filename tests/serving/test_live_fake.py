@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -25,7 +24,8 @@ from tests.conftest import REPO
 from tests.serving.conftest import KNOWN_USER, preinfer_body, rank_body
 from tests.serving.fake_engine import fake_scores
 from tests.serving.fuzz import EXPECTED_STATUSES, HostileRequests
-from tests.serving.servers import FAKE_FACTORY, HOST, TIMEOUT, cluster, group_members, serve, session, tail
+from tests.serving.servers import FAKE_FACTORY, HOST, TIMEOUT, cluster, group_members, serve, session
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -176,8 +176,7 @@ def test_cluster_passes_ranks_from_an_overloaded_instance_on_and_ctrl_c_stops_it
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
         assert proc.wait(60) == 0
         assert not any(group_members(pid) for _, pid in members.values())
-        time.sleep(0.2)
-        assert not (run_dir / "cluster.json").exists()
+        wait_until(lambda: not (run_dir / "cluster.json").exists(), what="the cluster to remove its state file")
 
 
 def test_a_detached_cluster_stops_by_port_from_any_directory(tmp_path):
@@ -221,10 +220,8 @@ def test_a_rank_refused_before_its_body_is_read_keeps_the_connection_alive(tmp_p
         s = session()
         holder = threading.Thread(target=lambda: s.post(f"{url}/v1/rank", json=rank_body("holder"), timeout=TIMEOUT))
         holder.start()
-        deadline = time.monotonic() + 30
-        while session().get(f"{url}/v1/stats", timeout=TIMEOUT).json()["admission"]["in_flight"] == 0:
-            assert time.monotonic() < deadline, tail(log)
-            time.sleep(0.05)
+        wait_until(lambda: session().get(f"{url}/v1/stats", timeout=TIMEOUT).json()["admission"]["in_flight"],
+                   timeout_s=30, what="the holder's rank to be admitted")
         conn = http.client.HTTPConnection(HOST, int(url.rsplit(":", 1)[1]), timeout=TIMEOUT[1])
         sockets = []
         for body in (json.dumps(rank_body("r")).encode(), b"{not json", b"x" * 100_000):

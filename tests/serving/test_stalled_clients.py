@@ -20,6 +20,7 @@ import pytest
 from gunicorn.http.errors import InvalidChunkSize, NoMoreData
 from werkzeug.exceptions import BadRequest, RequestTimeout
 
+from mindspore_relaygr.config import ServingConfig
 from serving import headers
 from serving.worker import AppInput, ClientTimeout, ReadLimits, TimedUnreader
 from tests.serving.conftest import preinfer_body, rank_body
@@ -69,8 +70,12 @@ def assert_serving(url: str) -> None:
 
 
 @pytest.mark.slow
-def test_sixteen_stalled_clients_leave_an_instance_serving(tmp_path):
-    with serve(tmp_path, "st0", engine_factory=FAKE_FACTORY) as (url, proc, log), stalled_clients(port_of(url)):
+def test_more_stalled_clients_than_threads_leave_an_instance_serving_at_the_default_settings(tmp_path):
+    """Every one of the default serving.threads held by a stalled client, and 16 more waiting: the default
+    timeouts, not spare threads, keep the instance answering."""
+    stalled = ServingConfig().threads + NUM_STALLED
+    with serve(tmp_path, "st0", engine_factory=FAKE_FACTORY) as (url, proc, log), \
+            stalled_clients(port_of(url), stalled):
         assert_serving(url)
 
 
