@@ -8,10 +8,11 @@ from collections.abc import Callable
 POLL_S = 0.002
 
 
-def wait_until(cond: Callable[[], object], timeout_s: float = 10.0, what: str = "the condition") -> None:
-    """Return as soon as `cond()` is true; fail the test if it is not within `timeout_s` (a liveness bound,
-    generous on purpose: the condition's own timing is never asserted)."""
+def wait_until(cond: Callable[[], object], timeout_s: float = 10.0, what: str = "the condition",
+               poll_s: float = POLL_S) -> None:
+    """Return as soon as `cond()` is true, checking it every `poll_s`; fail the test if it is not within
+    `timeout_s` (a liveness bound, generous on purpose: the condition's own timing is never asserted)."""
     end = time.monotonic() + timeout_s
     while not cond():
         assert time.monotonic() < end, f"timed out after {timeout_s:g} s waiting for {what}"
-        time.sleep(POLL_S)
+        time.sleep(poll_s)

@@ -22,6 +22,7 @@ import pytest
 import requests
 
 from tests.conftest import REPO
+from tests.waiting import wait_until
 
 FAKE_FACTORY = "tests.serving.fake_engine:FakeEngine.from_config"
 HOST = "127.0.0.1"
@@ -97,22 +98,27 @@ def tail(path: Path, lines: int = 40) -> str:
 def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
     """Poll `url`/readyz until 200; fail with the log tail if the process exits or time runs out."""
     s = session()
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
+    last: list[object] = [None]
+
+    def ready() -> bool:
         if proc.poll() is not None:
             pytest.fail(f"server exited with {proc.returncode} before it was ready:\n{tail(log)}")
         try:
             resp = s.get(f"{url}/readyz", timeout=2)
-            if resp.status_code == 200:
-                return
-            last = resp.json()
-            if last.get("status") == "failed":
-                pytest.fail(f"engine start-up failed: {last.get('error')}\n{tail(log)}")
         except requests.RequestException as exc:
-            last = exc
-        time.sleep(0.2)
-    pytest.fail(f"{url} not ready after {timeout:.0f} s (last: {last}):\n{tail(log)}")
+            last[0] = exc
+            return False
+        if resp.status_code == 200:
+            return True
+        last[0] = resp.json()
+        if last[0].get("status") == "failed":
+            pytest.fail(f"engine start-up failed: {last[0].get('error')}\n{tail(log)}")
+        return False
+
+    try:
+        wait_until(ready, timeout, f"{url} to be ready", poll_s=0.2)
+    except AssertionError:
+        pytest.fail(f"{url} not ready after {timeout:.0f} s (last: {last[0]}):\n{tail(log)}")
 
 
 @contextlib.contextmanager
@@ -176,14 +182,15 @@ def cluster(tmp: Path, num_instances: int, config: Path | None = None, overrides
 
 
 def wait_cluster(proc: subprocess.Popen, log: Path, run_dir: Path, port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         if proc.poll() is not None:
             pytest.fail(f"relaygr cluster exited with {proc.returncode}:\n{tail(log)}")
-        if "[cluster] ready" in log.read_text(errors="replace"):
-            return
-        time.sleep(0.2)
-    pytest.fail(f"cluster not ready after {timeout:.0f} s:\n{tail(log)}")
+        return "[cluster] ready" in log.read_text(errors="replace")
+
+    try:
+        wait_until(ready, timeout, "the cluster to be ready", poll_s=0.2)
+    except AssertionError:
+        pytest.fail(f"cluster not ready after {timeout:.0f} s:\n{tail(log)}")
 
 
 def stop_cluster_process(proc: subprocess.Popen, run_dir: Path) -> None:

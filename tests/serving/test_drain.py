@@ -23,6 +23,7 @@ from serving.app import create_app
 from tests.serving.conftest import FakeEngine, rank_body
 from tests.serving.servers import FAKE_FACTORY, HOST, serve, session
 from tests.serving.test_error_shape import port_of, read_response
+from tests.waiting import wait_until
 
 EXIT_BOUND_S = 10.0  # graceful_timeout_s is 15: a master that waits for it fails this
 FIRING_THREADS = 4
@@ -93,10 +94,8 @@ def test_sigterm_answers_every_connected_request_and_exits_promptly(tmp_path):
         for t in threads:
             t.start()
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not (
-                    sum(o.kind == "answered" for o in outcomes) >= 100 and time.monotonic() - idle_since > 3):
-                time.sleep(0.05)  # polling the condition, with a deadline
+            wait_until(lambda: sum(o.kind == "answered" for o in outcomes) >= 100 and time.monotonic() - idle_since > 3,
+                       timeout_s=60, what="100 answers and an idle connection older than 3 s", poll_s=0.05)
             signalled_at = time.monotonic()
             os.kill(proc.pid, signal.SIGTERM)  # the master, as `kill $(cat PIDFILE)` does
             proc.wait(60)

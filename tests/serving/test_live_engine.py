@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from serving.schemas import Limits
 from tests.conftest import CONFIGS, random_history
 from tests.serving.fuzz import EXPECTED_STATUSES, HostileRequests
 from tests.serving.servers import TIMEOUT, cluster, serve, session
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 TINY = CONFIGS / "tiny.yaml"
@@ -78,15 +78,13 @@ def check_scores(resp, reference, user, hist, cands):
 
 def wait_cached(s, url, user, hist, timeout=120.0):
     """Re-send the pre-infer until the instance reports the prefix cached (the prefill finished)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def cached() -> bool:
         resp = s.post(f"{url}/v1/preinfer", json={"user_id": user, "history": hist},
                       headers={headers.AFFINITY: user}, timeout=TIMEOUT)
-        if resp.json()["reason"] == "already_cached":
-            return
-        assert resp.json()["reason"] == "inflight", resp.json()
-        time.sleep(0.05)
-    pytest.fail(f"the prefill of {user} did not finish in {timeout:.0f} s")
+        assert resp.json()["reason"] in ("already_cached", "inflight"), resp.json()
+        return resp.json()["reason"] == "already_cached"
+
+    wait_until(cached, timeout, f"the prefill of {user} to finish", poll_s=0.05)
 
 
 def test_preinfer_then_rank_is_served_from_the_device_with_full_inference_scores(tmp_path, reference, fast_start):

@@ -19,6 +19,7 @@ from serving.http_target import user_id
 from serving.overload_bench import OverloadSpec, point_summary, rank_workload, users_routed_to
 from tests.conftest import CONFIGS
 from tests.serving.servers import FAKE_FACTORY
+from tests.waiting import wait_until
 
 TINY = CONFIGS / "tiny.yaml"
 
@@ -101,7 +102,6 @@ def test_sigterm_stops_the_bench_s_nginx_and_instances(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     from serving.cluster import _alive, read_state, stop_members
     from tests.conftest import REPO
@@ -119,10 +119,11 @@ def test_sigterm_stops_the_bench_s_nginx_and_instances(tmp_path):
                                      "PATH": os.environ.get("PATH", "") + ":/usr/sbin"},
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + 600
-        while "saturating throughput" not in log.read_text(errors="replace"):  # nginx and both instances are up
-            assert proc.poll() is None and time.monotonic() < deadline, tail(log)
-            time.sleep(0.2)
+        def saturating() -> bool:  # nginx and both instances are up
+            assert proc.poll() is None, tail(log)
+            return "saturating throughput" in log.read_text(errors="replace")
+
+        wait_until(saturating, 600, "the bench to start saturating", poll_s=0.2)
         members = read_state(run_dir)
         assert {m.name for m in members} >= {"i0", "i1"} and all(_alive(m.pid) for m in members)
         proc.send_signal(signal.SIGTERM)
