@@ -79,9 +79,11 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
     from mindspore_relaygr.bench import plots
     from mindspore_relaygr.bench.model_bench import format_table, run_model_bench, write_report
 
-    cfg = load_config(args.config, ["cache.num_slots=1", *args.override])
+    batches = sorted(set(args.batch))
+    cfg = load_config(args.config, [f"cache.num_slots={max([1, *batches])}",
+                                    f"model.batch_buckets={sorted({1, *batches})}", *args.override])
     report = run_model_bench(cfg, args.prefix_lens, args.candidates, args.suffix, args.repeats,
-                             progress=lambda msg: print(f"[bench] {msg}", flush=True))
+                             progress=lambda msg: print(f"[bench] {msg}", flush=True), batches=batches)
     report["config"] = str(args.config)
     print(format_table(report))
     out = Path(args.out)
@@ -307,6 +309,8 @@ def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
     model.add_argument("--candidates", type=int, nargs="+", default=[64, 128, 256])
     model.add_argument("--suffix", type=int, default=32, help="short-term events computed at ranking time")
     model.add_argument("--repeats", type=int, default=10)
+    model.add_argument("--batch", type=int, nargs="*", default=[],
+                       help="also time the cached path for this many users per call (fused kernels), e.g. 2 4 8")
     model.add_argument("--out", default="outputs/bench_model.json")
     model.set_defaults(func=cmd_bench_model)
 

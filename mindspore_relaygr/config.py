@@ -71,6 +71,8 @@ class ModelConfig:
     len_buckets: list[int] = field(default_factory=lambda: [64, 128, 256])
     suffix_buckets: list[int] = field(default_factory=lambda: [8, 32])
     candidate_buckets: list[int] = field(default_factory=lambda: [16, 64])
+    # Users per batched ranking call (RelayGRModel.rank_cached_batch: fused kernels), padded up to one of these
+    batch_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     attention_block_len: int = 256  # query rows per attention block; bounds graph peak memory
     fused_kernels: bool | None = None  # null: fused C++ kernels on CPU when they build; true: required
     dropout: float = 0.0  # training only: on the input embeddings and before each layer's output projection
@@ -93,7 +95,7 @@ class ModelConfig:
         if self.task_weights is not None:
             _require(len(self.task_weights) == len(self.task_names), "model.task_weights",
                      self.task_weights, "need one weight per task")
-        for key in ("len_buckets", "suffix_buckets", "candidate_buckets"):
+        for key in ("len_buckets", "suffix_buckets", "candidate_buckets", "batch_buckets"):
             _ascending_positive(f"model.{key}", getattr(self, key))
         _require(self.len_buckets[-1] == self.max_seq_len, "model.len_buckets", self.len_buckets,
                  f"the last bucket must equal model.max_seq_len={self.max_seq_len}")

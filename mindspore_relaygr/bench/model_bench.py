@@ -80,7 +80,7 @@ def _rss_mb() -> float:
 
 @dataclass
 class PathResult:
-    path: str  # full | prefill | cached
+    path: str  # full | prefill | cached | cached_batch
     prefix_len: int
     candidates: int
     suffix_len: int
@@ -97,6 +97,7 @@ class PathResult:
     gemm_time_share: float | None = None  # inside the tile GEMMs
     elementwise_time_share: float | None = None  # in the fused elementwise work (bias + SiLU, layer norm, ...)
     kernel_time_share: float | None = None  # anywhere in the kernels' parallel loops (includes both above)
+    batch: int = 1  # users per call (cached_batch: one rank_cached_batch call for this many users)
 
 
 PROFILE_CALLS = 5
@@ -130,8 +131,11 @@ def _kernel_profile(fn, flops: float, profile) -> dict[str, float]:
 
 
 def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: list[int], suffix_len: int,
-                    repeats: int, progress=print) -> dict[str, Any]:
-    """Run the sweep; returns a JSON-able dict with the machine matmul rate and every result row."""
+                    repeats: int, progress=print, batches: list[int] = ()) -> dict[str, Any]:
+    """Run the sweep; returns a JSON-able dict with the machine matmul rate and every result row.
+
+    `batches`: also time the cached path for that many users per call (`rank_cached_batch`, each user its own
+    slot of the same length), next to the single-user call; the config needs that many slots."""
     from mindspore_relaygr.model import RelayGRModel
 
     model = RelayGRModel(config)
@@ -148,12 +152,12 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
     rng = np.random.default_rng(0)
     rows: list[PathResult] = []
 
-    def timed(path: str, p: int, m: int, suffix: int, fn, flops: float) -> PathResult:
+    def timed(path: str, p: int, m: int, suffix: int, fn, flops: float, batch: int = 1) -> PathResult:
         first, mem, med, p99 = _time(fn, repeats)
         probes.append(measure_matmul_gflops())
         kernel_split = _kernel_profile(fn, flops, profile) if profile is not None else {}
         row = PathResult(path, p, m, suffix, med, p99, first, mem, flops / med / 1e6, max(probes[-2], probes[-1]),
-                         **kernel_split)
+                         **kernel_split, batch=batch)
         rows.append(row)
         return row
 
@@ -179,6 +183,12 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
             progress(f"P={p} M={m}: full {full.median_ms:.1f} ms ({full.gflops / full.matmul_gflops_near:.0%}), "
                      f"cached {cac.median_ms:.1f} ms ({cac.gflops / cac.matmul_gflops_near:.0%}), "
                      f"ratio {full.median_ms / cac.median_ms:.1f}x")
+            for b in batches:
+                requests = _batch_requests(model, cfg, p, user, suffix_len, cands, b)
+                row = timed("cached_batch", p, m, suffix_len, lambda r=requests: model.rank_cached_batch(r),
+                            b * count_flops(cfg, "cached", suffix_len, m, past=n_pre + user), batch=b)
+                progress(f"P={p} M={m} B={b}: {row.median_ms:.1f} ms per call, {row.median_ms / b:.1f} ms per user "
+                         f"(single call {cac.median_ms:.1f} ms: {cac.median_ms * b / row.median_ms:.2f}x)")
     progress(f"matmul 2048^2 fp32 after the sweep: {probes[-1]:.1f} GFLOP/s "
              f"(range over the run {min(probes):.1f}-{max(probes):.1f})")
     matmul = max(probes)
@@ -186,6 +196,25 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
                for r in rows]
     return {"matmul_gflops": matmul, "matmul_gflops_start": probes[0], "matmul_gflops_end": probes[-1],
             "matmul_gflops_all": probes, "fused_kernels": model.fused, "repeats": repeats, "results": results}
+
+
+def _batch_requests(model, cfg: ModelConfig, p: int, user: int, suffix_len: int, cands: np.ndarray,
+                    batch: int) -> list:
+    """`batch` users of P tokens each in slots 0..batch-1 (slot 0 holds the single-call user already)."""
+    from mindspore_relaygr.model.ranker import CachedRank
+
+    n_pre = p - user - suffix_len
+    requests = []
+    for slot in range(batch):
+        hist = synthetic_history(cfg, p - user, seed=p if slot == 0 else p * 100 + slot)
+        pre = {k: (v if k == "user_features" else v[:n_pre]) for k, v in hist.items()}
+        suf = {k: v[n_pre:] for k, v in hist.items() if k != "user_features"}
+        if model.slot_events(slot) != n_pre or slot > 0:
+            model.release_slot(slot)
+            for _ in model.prefill_steps(slot, pre, cfg.len_buckets[0]):
+                pass
+        requests.append(CachedRank(slot, n_pre, suf, cands))
+    return requests
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -211,17 +240,28 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{cac['near_share']:>4.0%} {cac['matmul_share']:>4.0%} | "
                      f"{r['median_ms'] / cac['median_ms']:>10.1f}x | "
                      f"{r['memory_mb']:>4.0f}/{pre['memory_mb']:>4.0f}/{cac['memory_mb']:>4.0f}")
+    batched = [r for r in res if r["path"] == "cached_batch"]
+    if batched:
+        lines += ["", "Cached path, B users per call (rank_cached_batch) against B single calls:",
+                  f"{'P':>5} {'M':>4} {'B':>3} | {'ms/call':>8} {'ms/user':>8} {'single ms':>9} | {'speed-up':>8}"]
+        for r in batched:
+            single = by[("cached", r["prefix_len"], r["candidates"])]["median_ms"]
+            lines.append(f"{r['prefix_len']:>5} {r['candidates']:>4} {r['batch']:>3} | {r['median_ms']:>8.1f} "
+                         f"{r['median_ms'] / r['batch']:>8.1f} {single:>9.1f} | "
+                         f"{single * r['batch'] / r['median_ms']:>7.2f}x")
     profiled = [r for r in res if r.get("gemm_gflops") is not None]
     if profiled:
         lines += ["", "Kernel profile (near = share of the matmul rate near the path; time = the threads' time over "
                   "the profiled calls: in the tile GEMMs, the fused elementwise work, the rest of the kernels' loops, "
                   "outside the kernels):",
-                  f"{'path':>8} {'P':>5} {'M':>4} | {'path GF/s':>9} {'near':>4} | {'GEMM GF/s':>9} {'near':>4} | "
+                  f"{'path':>12} {'B':>2} {'P':>5} {'M':>4} | {'path GF/s':>9} {'near':>4} | "
+                  f"{'GEMM GF/s':>9} {'near':>4} | "
                   f"{'FLOPs in GEMMs':>14} | {'GEMMs':>5} {'elementwise':>11} {'rest':>4} {'outside':>7}"]
         for r in profiled:
             near = r["matmul_gflops_near"]
             rest = r["kernel_time_share"] - r["gemm_time_share"] - r["elementwise_time_share"]
-            lines.append(f"{r['path']:>8} {r['prefix_len']:>5} {r['candidates']:>4} | {r['gflops']:>9.0f} "
+            lines.append(f"{r['path']:>12} {r.get('batch', 1):>2} {r['prefix_len']:>5} {r['candidates']:>4} | "
+                         f"{r['gflops']:>9.0f} "
                          f"{r['gflops'] / near:>4.0%} | {r['gemm_gflops']:>9.0f} {r['gemm_gflops'] / near:>4.0%} | "
                          f"{r['gemm_flops_share']:>14.0%} | {r['gemm_time_share']:>5.0%} "
                          f"{r['elementwise_time_share']:>11.0%} {rest:>4.0%} {1 - r['kernel_time_share']:>7.0%}")

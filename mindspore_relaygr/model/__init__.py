@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RelayGRModel"]
+__all__ = ["CachedRank", "RelayGRModel"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "RelayGRModel":
-        from mindspore_relaygr.model.ranker import RelayGRModel
+    if name in __all__:
+        from mindspore_relaygr.model import ranker
 
-        return RelayGRModel
+        return getattr(ranker, name)
     raise AttributeError(name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,24 @@ from mindspore_relaygr.runtime import configure_context
 logger = logging.getLogger(__name__)
 
 GRAPH_KINDS = ("full", "prefix", "candidate")
+
+
+@dataclass(frozen=True)
+class CachedRank:
+    """One user's request of `RelayGRModel.rank_cached_batch`: the arguments of `rank_cached`."""
+
+    slot: int
+    prefix_len: int
+    suffix_history: Any
+    candidate_ids: Any
+
+
+@dataclass(frozen=True)
+class _CachedInputs:
+    slot: int
+    prefix_tok: int  # cached tokens the rank reads (the user token included)
+    suffix: History
+    cands: np.ndarray
 HistoryLike = Mapping[str, Any] | History
 
 
@@ -77,6 +96,11 @@ class RelayGRModel:
             "read_slot": SlotReadGraph(self.pool),
             "write_slot": SlotWriteGraph(self.pool),
         }
+        self._batched = None
+        if self.net.rab.reads_views(self.fused):
+            from mindspore_relaygr.model.batched import BatchedCandidateGraph
+
+            self._batched = self._graphs["candidate_batch"] = BatchedCandidateGraph(self.net, self.pool)
         self.prefix_buckets = [b for b in self.cfg.len_buckets if b <= self.layout.slot_len]
         self._user_offsets = user_offsets(self.cfg) if self.cfg.has_user_token else np.zeros(1, np.int32)
         self._user_tokens = 1 if self.cfg.has_user_token else 0
@@ -161,6 +185,41 @@ class RelayGRModel:
             start = end
             yield end
 
+    def rank_cached_batch(self, requests: Sequence[CachedRank], logits: bool = False) -> list[np.ndarray]:
+        """`rank_cached` of several users in one graph call (the fused kernels' batched graph): each request's
+        scores [M_i, num_tasks], in order, equal its own `rank_cached` call. The requests are padded to the
+        largest past, suffix and candidate buckets among them and to a batch bucket (model.batch_buckets)."""
+        if not requests:
+            return []
+        if self._batched is None:
+            raise ValueError("batched ranking needs the fused attention kernel (model.fused_kernels)")
+        if len(requests) > self.cfg.batch_buckets[-1]:
+            raise InvalidRequest("requests", f"{len(requests)} exceed the largest batch bucket "
+                                             f"{self.cfg.batch_buckets[-1]}")
+        prepared = [self._cached_inputs(r.slot, r.prefix_len, r.suffix_history, r.candidate_ids) for r in requests]
+        past = max(bucket_for(q.prefix_tok, self.prefix_buckets, "prefix_len") for q in prepared)
+        suffix = max(bucket_for(len(q.suffix), self.cfg.suffix_buckets, "suffix_history") for q in prepared)
+        cands = max(bucket_for(len(q.cands), self.cfg.candidate_buckets, "candidate_ids") for q in prepared)
+        if suffix > self.cfg.attention_block_len:
+            raise ValueError(f"a suffix bucket of {suffix} exceeds model.attention_block_len="
+                             f"{self.cfg.attention_block_len}: the batched graph runs one query block per user")
+        batch = bucket_for(len(prepared), self.cfg.batch_buckets, "requests")
+        rows = [self._batched_row(q, past, suffix, cands) for q in prepared]
+        rows += [rows[0]] * (batch - len(rows))  # padding users: a copy of the first, its scores dropped
+        arrays = [np.stack(column) for column in zip(*rows, strict=True)]
+        out = self._call("candidate_batch", *arrays)
+        scores = [out[i, : len(q.cands)] for i, q in enumerate(prepared)]
+        return scores if logits else [_sigmoid(x) for x in scores]
+
+    def _batched_row(self, q: _CachedInputs, past: int, suffix: int, cands: int) -> tuple[np.ndarray, ...]:
+        """One user's inputs of the batched graph, padded to the batch's buckets."""
+        tokens = layout_tokens(self.cfg, q.suffix, 0, False, q.prefix_tok, suffix, self._context_action)
+        ids, pos, hi, lo = self._candidate_args(q.cands, q.prefix_tok + len(q.suffix), int(q.suffix.timestamps[-1]),
+                                                bucket=cands)
+        views, time_ids, past_pos, past_valid = self._past_args(q.slot, q.prefix_tok, past)
+        return (*self._suffix_args(tokens), views, time_ids, past_pos, past_valid, ids, pos[0], hi[0], lo[0],
+                np.int32(len(q.suffix) - 1))
+
     def rank_cached(self, slot: int, prefix_len: int, suffix_history: HistoryLike,
                     candidate_ids: Any, logits: bool = False) -> np.ndarray:
         """Scores [M, num_tasks] from `slot` (holding `prefix_len` events) + suffix + candidates
@@ -169,6 +228,19 @@ class RelayGRModel:
         The engage score needs the final state of the history's last event, which a slot does not keep
         (only K/V): with an empty suffix that event is recomputed as a one-event suffix over the rest of the
         slot (the same scores: attention over the past is masked at its length)."""
+        q = self._cached_inputs(slot, prefix_len, suffix_history, candidate_ids)
+        past_bucket = bucket_for(q.prefix_tok, self.prefix_buckets, "prefix_len")
+        suffix_bucket = bucket_for(len(q.suffix), self.cfg.suffix_buckets, "suffix_history")
+        tokens = layout_tokens(self.cfg, q.suffix, 0, False, q.prefix_tok, suffix_bucket, self._context_action)
+        cand_args = self._candidate_args(q.cands, q.prefix_tok + len(q.suffix), int(q.suffix.timestamps[-1]))
+        last = np.array([len(q.suffix) - 1], np.int32)
+        out = self._call("candidate", *self._suffix_args(tokens), *self._past_args(slot, q.prefix_tok, past_bucket),
+                         *cand_args, last)[: len(q.cands)]
+        return out if logits else _sigmoid(out)
+
+    def _cached_inputs(self, slot: int, prefix_len: int, suffix_history: HistoryLike,
+                       candidate_ids: Any) -> _CachedInputs:
+        """Validate a cached rank; an empty suffix becomes the slot's last event, recomputed over the rest."""
         self.layout.check_slot(slot)
         held = self.slot_events(slot)
         if not isinstance(prefix_len, (int, np.integer)) or not 0 < prefix_len <= held:
@@ -186,14 +258,7 @@ class RelayGRModel:
         if len(suffix) > self.cfg.max_suffix_len or prefix_tok + len(suffix) > self.cfg.max_seq_len:
             raise InvalidRequest("suffix_history", f"{len(suffix)} events exceed the suffix limit "
                                  f"{min(self.cfg.max_suffix_len, self.cfg.max_seq_len - prefix_tok)}")
-        past_bucket = bucket_for(prefix_tok, self.prefix_buckets, "prefix_len")
-        suffix_bucket = bucket_for(len(suffix), self.cfg.suffix_buckets, "suffix_history")
-        tokens = layout_tokens(self.cfg, suffix, 0, False, prefix_tok, suffix_bucket, self._context_action)
-        cand_args = self._candidate_args(cands, prefix_tok + len(suffix), int(suffix.timestamps[-1]))
-        last = np.array([len(suffix) - 1], np.int32)
-        out = self._call("candidate", *self._suffix_args(tokens), *self._past_args(slot, prefix_tok, past_bucket),
-                         *cand_args, last)[: len(cands)]
-        return out if logits else _sigmoid(out)
+        return _CachedInputs(slot, prefix_tok, suffix, cands)
 
     def slot_events(self, slot: int) -> int:
         """Events cached in `slot` by `prefill` (0 if never written)."""
@@ -393,9 +458,11 @@ class RelayGRModel:
             kv, time_ids = self.layout.read_ids(slot, bucket)
         return kv, time_ids, np.arange(bucket, dtype=np.int32), np.arange(bucket) < num_tokens
 
-    def _candidate_args(self, cands: np.ndarray, position: int, last_time: int) -> tuple[np.ndarray, ...]:
-        """Padded candidate ids and the one (position, time) all candidates share."""
-        bucket = bucket_for(len(cands), self.cfg.candidate_buckets, "candidate_ids")
+    def _candidate_args(self, cands: np.ndarray, position: int, last_time: int,
+                        bucket: int | None = None) -> tuple[np.ndarray, ...]:
+        """Padded candidate ids (to `bucket`, default the smallest that fits) and the one (position, time) all
+        candidates share."""
+        bucket = bucket or bucket_for(len(cands), self.cfg.candidate_buckets, "candidate_ids")
         ids = np.pad(cands, (0, bucket - len(cands)), constant_values=cands[0]).astype(np.int32)
         hi, lo = split_timestamps(np.array([last_time]))[0]
         return ids, np.array([position], np.int32), np.array([hi], np.float32), np.array([lo], np.float32)

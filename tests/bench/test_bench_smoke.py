@@ -32,6 +32,8 @@ def test_bench_model(tmp_path, capsys):
                 "8",
                 "--repeats",
                 "2",
+                "--batch",
+                "2",
                 "--out",
                 str(out),
             ]
@@ -39,7 +41,9 @@ def test_bench_model(tmp_path, capsys):
         == 0
     )
     report = json.loads(out.read_text())
-    assert {r["path"] for r in report["results"]} == {"full", "prefill", "cached"}
+    assert {r["path"] for r in report["results"]} == {"full", "prefill", "cached", "cached_batch"}
+    batched = [r for r in report["results"] if r["path"] == "cached_batch"]
+    assert [r["batch"] for r in batched] == [2] and all(r["batch"] == 1 for r in report["results"][:3])
     probes = report["matmul_gflops_all"]
     assert len(probes) == 1 + len(report["results"])  # before the sweep, then after every path
     assert report["matmul_gflops"] == max(probes) > 0
@@ -56,7 +60,7 @@ def test_bench_model(tmp_path, capsys):
         assert row["gemm_time_share"] > 0 and row["elementwise_time_share"] > 0
         assert row["gemm_time_share"] + row["elementwise_time_share"] <= row["kernel_time_share"]
     printed = capsys.readouterr().out
-    assert "full/cached" in printed and "Kernel profile" in printed
+    assert "full/cached" in printed and "Kernel profile" in printed and "B users per call" in printed
     assert (tmp_path / "model.config.yaml").is_file()
     assert (tmp_path / "model.png").stat().st_size > 10_000  # latency and share plot
 

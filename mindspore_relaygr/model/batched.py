@@ -1,0 +1,137 @@
+"""The cached-prefix ranking graph for B users in one call (fused CPU kernels).
+
+Each user reads its own pool slot in place (the attention kernel's views, as `CandidateGraph`), has its own
+suffix, prefix length and candidates, all padded to one bucket (past P, suffix S, candidates M). The rows of
+the B users sit in one token matrix, user b at rows [b R, (b + 1) R) with R = S + M (its suffix, then its
+candidates), so every dense step runs once for all users: each layer's UVQK projection is one GEMM over B R
+rows and its output projection one fused call; only attention runs per user (its own past, its own keys).
+The bias indices of every user come from the flat [B S] metadata through windows: no slicing ops.
+Scores equal the single-user graph's (tests/model/test_batched.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mindspore import Tensor, nn, ops
+from mindspore import dtype as mstype
+
+from mindspore_relaygr.model.hstu import pointwise_attention, shape_carrier, take
+from mindspore_relaygr.model.network import HSTUNet, unit
+from mindspore_relaygr.model.pool import KVPool
+
+
+def _flat(t: Tensor) -> Tensor:
+    return ops.reshape(t, (-1,))
+
+
+class BatchedCandidateGraph(nn.Cell):
+    """B cached slots + suffixes + candidates -> candidate logits [B, M, tasks]."""
+
+    def __init__(self, net: HSTUNet, pool: KVPool) -> None:
+        super().__init__()
+        if not net.rab.reads_views(True):
+            raise ValueError("the batched ranking graph needs the fused attention kernel")
+        self.net, self.pool = net, pool
+        self.num_layers = len(net.layers)
+
+    def construct(self, item_ids, action_ids, pos, hi, lo, valid, past_views, past_time_ids, past_pos, past_valid,
+                  cand_ids, cand_pos, cand_hi, cand_lo, last):
+        """item_ids, action_ids, pos [B, S] int32, hi, lo [B, S] fp32, valid [B, S] bool; past_views [B, L * 8]
+        int64 (PoolLayout.read_views of each slot), past_time_ids, past_pos [B, P] int32, past_valid [B, P] bool;
+        cand_ids [B, M] int32; cand_pos [B] int32, cand_hi, cand_lo [B] fp32; last [B] int32 (the row of each
+        user's last valid suffix token)."""
+        net, rab = self.net, self.net.rab
+        b, s = item_ids.shape
+        m, p = cand_ids.shape[1], past_pos.shape[1]
+        r = s + m
+        meta = (_flat(pos), _flat(hi), _flat(lo), _flat(valid))  # [B S] each
+        past_hi, past_lo = self.pool.read_times(_flat(past_time_ids))
+        past_meta = (_flat(past_pos), past_hi, past_lo, _flat(past_valid))  # [B P] each
+        cand_meta = (cand_pos, cand_hi, cand_lo)  # [B] each
+
+        tokens = ops.reshape(net.embed(_flat(item_ids), _flat(action_ids), meta[0]), (b, s, -1))
+        cands = ops.gather(net.item_table, _flat(cand_ids), 0) + take(net.action_table, net.candidate_action,
+                                                                     net.candidate_action + 1)
+        cands = ops.reshape(cands, (b, m, -1)) + ops.expand_dims(net.embed_positions(cand_pos), 1)
+        x = ops.reshape(ops.concat((tokens, cands), axis=1), (b * r, -1))  # user i: rows [i R, (i + 1) R)
+
+        # Bias indices per user, built once and read by every layer (as CandidateGraph builds them).
+        own = Tensor(np.where(np.eye(m, dtype=bool), 0, rab.mask_index).astype(np.int32))
+        masked = ops.full((s, m), rab.mask_index, dtype=mstype.int32)
+        new_idx, past_idx, cand_new_idx, cand_past_idx = (), (), (), ()
+        for i in range(b):
+            rows, keys = (i * s, i * s + s), (i * p, i * p + p)
+            cand_row = rab.prepare_window(cand_meta, (i, i + 1), meta, rows)  # [1, S]
+            cand_rows = ops.concat((ops.broadcast_to(cand_row, (m, s)), own), axis=1)  # [M, R]
+            new_idx += (ops.concat((ops.concat((rab.prepare_window(meta, rows, meta, rows), masked), axis=1),
+                                    cand_rows)),)  # [R, R]
+            cand_past = rab.prepare_window(cand_meta, (i, i + 1), past_meta, keys)  # [1, P]
+            past_idx += (ops.concat((rab.prepare_window(meta, rows, past_meta, keys), cand_past)),)  # [S + 1, P]
+            cand_new_idx += (cand_rows,)
+            cand_past_idx += (cand_past,)
+        last_rows = last + Tensor(np.arange(b, dtype=np.int32) * r)  # the user rows in x
+        last_meta = tuple(ops.gather(t, last + Tensor(np.arange(b, dtype=np.int32) * s), 0) for t in meta[:3])
+
+        final = self.num_layers - 1
+        user = None
+        for layer_id, layer in enumerate(net.layers):
+            y = layer.project(x, assembled=True)  # [B R, W]: one GEMM for every user's rows
+            past_kv = [self._past_views(past_views, i, layer_id) for i in range(b)]
+            new_kv = [(y, layer.view_at("k", i * r), y, layer.view_at("v", i * r)) for i in range(b)]
+            u = layer.part(y, "u")
+            if layer_id < final:
+                av = ()
+                for i in range(b):
+                    av += (pointwise_attention(rab, True, (y, layer.view_at("q", i * r)), past_kv[i], past_idx[i],
+                                               shape_carrier(r, u.shape[1]), net.attention_scales, net.inv_norm,
+                                               ((new_kv[i], new_idx[i]),)),)
+                x = layer.finish(x, ops.concat(av), u, fused=True)
+                continue
+            user = self._user_rows(layer, x, last_rows, last_meta, meta, past_meta, new_kv, past_kv, s, p)
+            # The last layer: only the candidate rows (and the user rows above) feed the output.
+            av, x_c, u_c = (), (), ()
+            for i in range(b):
+                first = i * r + s
+                u_c += (take(u, first, first + m),)
+                x_c += (take(x, first, first + m),)
+                av += (pointwise_attention(rab, True, (y, layer.view_at("q", first)), past_kv[i], cand_past_idx[i],
+                                           shape_carrier(m, u.shape[1]), net.attention_scales, net.inv_norm,
+                                           ((new_kv[i], cand_new_idx[i]),)),)
+            x = layer.finish(ops.concat(x_c), ops.concat(av), ops.concat(u_c), fused=True)  # [B M, d]
+        return self._logits(user, x, cand_ids)
+
+    def _past_views(self, past_views, i: int, layer_id: int):
+        """(K, K at, V, V at) of user i's slot in one layer: the pool read in place through its views."""
+        at = i * self.num_layers * 8 + 8 * layer_id
+        views = _flat(past_views)
+        return (self.pool.keys, ops.slice(views, (at,), (4,)), self.pool.values, ops.slice(views, (at + 4,), (4,)))
+
+    def _user_rows(self, layer, x, last_rows, last_meta, meta, past_meta, new_kv, past_kv, s: int, p: int):
+        """Every user's state row of the last layer [B, d]: one projection for the B rows, attention per user
+        over its new keys and its past (as HSTUNet._user_row does for one user)."""
+        net, rab = self.net, self.net.rab
+        x_u = ops.gather(x, last_rows, 0)  # [B, d]
+        y_u = layer.project(x_u, assembled=True)
+        u = layer.part(y_u, "u")
+        av = ()
+        for i in range(len(new_kv)):
+            q_rows = (i, i + 1)
+            idx = rab.prepare_window(last_meta, q_rows, meta, (i * s, i * s + s))
+            past_idx = rab.prepare_window(last_meta, q_rows, past_meta, (i * p, i * p + p))
+            av += (pointwise_attention(rab, True, (y_u, layer.view_at("q", i)), new_kv[i], idx,
+                                       shape_carrier(1, u.shape[1]), net.attention_scales, net.inv_norm,
+                                       ((past_kv[i], past_idx),)),)
+        return layer.finish(x_u, ops.concat(av), u, fused=True)
+
+    def _logits(self, user, cand_hidden, cand_ids):
+        """[B, M, tasks]: engage = cos(user state, candidate item embedding) / temperature, the other tasks from
+        the head on each candidate's state (HSTUNet.logits for B users)."""
+        net = self.net
+        b, m = cand_ids.shape
+        items = ops.reshape(ops.gather(net.item_table, ops.reshape(cand_ids, (-1,)), 0), (b, m, -1))
+        users = ops.expand_dims(unit(net.final_norm(user)), 1)  # [B, 1, d]
+        engage = ops.expand_dims(ops.reduce_sum(users * unit(items), -1) * net.inv_temperature, -1)
+        if net.head is None:
+            return engage
+        head = ops.reshape(net.head(net.final_norm(cand_hidden)), (b, m, -1))
+        return ops.concat((engage, head), axis=-1)

@@ -1,0 +1,71 @@
+"""rank_cached_batch: every user's scores from one batched call equal the same user's own rank_cached call,
+over mixed prefix lengths, suffixes (empty included) and candidate counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mindspore_relaygr import load_config
+from mindspore_relaygr.errors import InvalidRequest
+from mindspore_relaygr.model.ranker import CachedRank
+from tests.conftest import CONFIGS, random_history, split_history
+from tests.model.conftest import randomize_weights
+
+pytestmark = pytest.mark.slow
+TOL = 1e-5  # R1: the batched call computes each user's math with the same kernels, in another order of rows
+NUM_SLOTS = 8
+
+
+@pytest.fixture(scope="module")
+def model():
+    from mindspore_relaygr.model import RelayGRModel
+
+    cfg = load_config(CONFIGS / "tiny.yaml", [f"cache.num_slots={NUM_SLOTS}", "model.batch_buckets=[1,2,4]"])
+    m = RelayGRModel(cfg)
+    if not m.fused:
+        pytest.skip("the batched graph needs the fused CPU kernels (g++ and oneDNN)")
+    randomize_weights(m, seed=11)
+    return m
+
+
+@st.composite
+def users(draw):
+    """1..4 users: (events in total, events cached, candidate count, seed)."""
+    count = draw(st.integers(1, 4))
+    out = []
+    for _ in range(count):
+        cached = draw(st.integers(1, 110))
+        suffix = draw(st.integers(0, 16))
+        out.append((cached + suffix, cached, draw(st.integers(1, 32)), draw(st.integers(0, 10_000))))
+    return out
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(users())
+def test_each_user_of_a_batch_scores_as_in_its_own_call(model, batch):
+    requests = []
+    for slot, (total, cached, num_cands, seed) in enumerate(batch):
+        rng = np.random.default_rng(seed)
+        hist = random_history(rng, total, user_features=[1, 2])
+        prefix, suffix = split_history(hist, cached)
+        model.release_slot(slot)
+        model.prefill(slot, prefix)
+        requests.append(CachedRank(slot, cached, suffix, rng.integers(1, 201, num_cands)))
+    batched = model.rank_cached_batch(requests, logits=True)
+    assert len(batched) == len(requests)
+    for req, got in zip(requests, batched, strict=True):
+        want = model.rank_cached(req.slot, req.prefix_len, req.suffix_history, req.candidate_ids, logits=True)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+
+
+def test_a_batch_larger_than_the_largest_bucket_is_refused(model):
+    hist = random_history(np.random.default_rng(0), 20, user_features=[1, 2])
+    model.release_slot(0)
+    model.prefill(0, hist)
+    request = CachedRank(0, 20, {"item_ids": [], "action_ids": [], "timestamps": []}, [1, 2, 3])
+    with pytest.raises(InvalidRequest, match="largest batch bucket 4"):
+        model.rank_cached_batch([request] * 5)
