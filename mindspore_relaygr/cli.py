@@ -151,7 +151,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.checkpoint:
         model.load_checkpoint(args.checkpoint)
     t0 = time.perf_counter()
-    model.warmup(max_chunk=engine_chunk_bucket(model, cfg))
+    model.warmup(max_chunk=engine_chunk_bucket(model, cfg), max_batch=cfg.relay.max_rank_batch)
     latency = calibrate_latency(model, cfg.trigger.prefill_chunk_len, repeats=args.repeats)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     latency.to_json(args.out)

@@ -218,6 +218,10 @@ class RelayConfig:
     # margin: about 2x its P99 (gaps of 0.1-1 s give the default). A rank arriving later still uses the
     # slot if it is there.
     ready_ttl_ms: float = 2000.0
+    # Ranks served from device slots that the device thread runs in one call: what is already queued when a
+    # rank comes up joins it, up to this many (it never waits for more). 1: one rank per call. Batched calls
+    # need the fused CPU kernels (model.batch_buckets); with plain ops the ranks of a batch run one by one.
+    max_rank_batch: int = 1
     # Admission control of ranks (serving): admit a rank only while the unfinished ranks ahead of it and
     # itself are predicted to drain within admission_fraction * trigger.slo_ms; others get 503 at once.
     # The rest of the SLO covers a refused rank's next try and the error of the prediction, which counts
@@ -237,6 +241,7 @@ class RelayConfig:
         _require(self.max_online_len >= 1, "relay.max_online_len", self.max_online_len, "must be >= 1")
         _require(self.inflight_wait_ms >= 0, "relay.inflight_wait_ms", self.inflight_wait_ms, "must be >= 0")
         _require(self.ready_ttl_ms > 0, "relay.ready_ttl_ms", self.ready_ttl_ms, "must be > 0")
+        _require(self.max_rank_batch >= 1, "relay.max_rank_batch", self.max_rank_batch, "must be >= 1")
         _require(0.0 <= self.audit_fraction <= 1.0, "relay.audit_fraction", self.audit_fraction, "must be in [0, 1]")
         _require(self.last_try_factor >= 1, "relay.last_try_factor", self.last_try_factor, "must be >= 1")
         if self.admission_fraction is not None:
@@ -461,6 +466,9 @@ class RelayGRConfig:
         _require(not (self.model.fused_kernels and self.context.device_target != "CPU"), "model.fused_kernels",
                  self.model.fused_kernels, f"the fused kernels are CPU kernels; context.device_target is "
                  f"{self.context.device_target} (use null or false there)")
+        _require(self.relay.max_rank_batch <= self.model.batch_buckets[-1], "relay.max_rank_batch",
+                 self.relay.max_rank_batch, f"must be at most the largest of model.batch_buckets "
+                 f"{self.model.batch_buckets}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -125,6 +125,20 @@ def _stats_families(stats: EngineStats | None) -> Iterator[Metric]:
             yield family
 
 
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16)
+
+
+def _batch_sizes(batches: dict[str, dict[int, int]]) -> HistogramMetricFamily:
+    """Users per device call of the batched work (relay.max_rank_batch), per kind of work ("rank")."""
+    family = HistogramMetricFamily("relaygr_device_batch_size", "Users per device call of the ranks served from "
+                                   "device slots (relay.max_rank_batch).", labels=["work"])
+    for work, sizes in batches.items():
+        cumulative = [(str(b), float(sum(n for size, n in sizes.items() if size <= b))) for b in BATCH_SIZE_BUCKETS]
+        cumulative.append(("+Inf", float(sum(sizes.values()))))
+        family.add_metric([work], cumulative, float(sum(size * n for size, n in sizes.items())))
+    return family
+
+
 class EngineStatsCollector(Collector):
     """Turns `engine.stats()` into gauges and counters when Prometheus scrapes."""
 
@@ -150,6 +164,7 @@ class EngineStatsCollector(Collector):
             logger.exception("engine.stats() failed during a metrics scrape")
             return
         yield from _stats_families(stats)
+        yield _batch_sizes(stats.device_batches)
         yield HistogramMetricFamily("relaygr_audit_max_abs_diff",
                                     "Max |cached - full| score difference of each audited rank.",
                                     buckets=stats.audit.histogram(), sum_value=stats.audit.diff_sum)

@@ -72,7 +72,7 @@ def run_engine_bench(config: RelayGRConfig, spec: WorkloadSpec, loads: list[floa
 
     model = RelayGRModel(config)
     t0 = time.perf_counter()
-    model.warmup(max_chunk=engine_chunk_bucket(model, config))
+    model.warmup(max_chunk=engine_chunk_bucket(model, config), max_batch=config.relay.max_rank_batch)
     latency = calibrate_latency(model, config.trigger.prefill_chunk_len)
     progress(f"warm-up + calibration {time.perf_counter() - t0:.0f} s; predicted full path at "
              f"{spec.max_len} tokens / {spec.num_candidates} candidates: "

@@ -109,7 +109,7 @@ def prepare(config: RelayGRConfig, progress: Progress, checkpoint: str | None = 
     if checkpoint is not None:
         model.load_checkpoint(str(checkpoint))
     t0 = time.perf_counter()
-    model.warmup(max_chunk=engine_chunk_bucket(model, config))
+    model.warmup(max_chunk=engine_chunk_bucket(model, config), max_batch=config.relay.max_rank_batch)
     latency = calibrate_latency(model, config.trigger.prefill_chunk_len)
     progress(f"warm-up + calibration: {time.perf_counter() - t0:.0f} s")
     return model, latency

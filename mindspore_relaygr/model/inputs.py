@@ -134,6 +134,16 @@ def user_offsets(cfg: ModelConfig) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class CachedRank:
+    """One user's request of `RelayGRModel.rank_cached_batch`: the arguments of `rank_cached`."""
+
+    slot: int
+    prefix_len: int
+    suffix_history: Any
+    candidate_ids: Any
+
+
+@dataclass(frozen=True)
 class TokenBatch:
     """Padded arrays of new tokens, ready for a graph (all numpy)."""
 

@@ -22,6 +22,7 @@ from mindspore_relaygr.errors import InvalidRequest
 from mindspore_relaygr.model.call_stats import GraphCallStats
 from mindspore_relaygr.model.host_arena import HostArena, shared_arena
 from mindspore_relaygr.model.inputs import (
+    CachedRank,
     History,
     TokenBatch,
     bucket_for,
@@ -37,16 +38,6 @@ from mindspore_relaygr.runtime import configure_context
 logger = logging.getLogger(__name__)
 
 GRAPH_KINDS = ("full", "prefix", "candidate")
-
-
-@dataclass(frozen=True)
-class CachedRank:
-    """One user's request of `RelayGRModel.rank_cached_batch`: the arguments of `rank_cached`."""
-
-    slot: int
-    prefix_len: int
-    suffix_history: Any
-    candidate_ids: Any
 
 
 @dataclass(frozen=True)
@@ -185,14 +176,20 @@ class RelayGRModel:
             start = end
             yield end
 
+    @property
+    def batched_ranking(self) -> bool:
+        """Whether `rank_cached_batch` runs several users in one graph call (the fused attention kernel)."""
+        return self._batched is not None
+
     def rank_cached_batch(self, requests: Sequence[CachedRank], logits: bool = False) -> list[np.ndarray]:
         """`rank_cached` of several users in one graph call (the fused kernels' batched graph): each request's
         scores [M_i, num_tasks], in order, equal its own `rank_cached` call. The requests are padded to the
         largest past, suffix and candidate buckets among them and to a batch bucket (model.batch_buckets)."""
         if not requests:
             return []
-        if self._batched is None:
-            raise ValueError("batched ranking needs the fused attention kernel (model.fused_kernels)")
+        if self._batched is None:  # plain MindSpore ops: one call each
+            return [self.rank_cached(r.slot, r.prefix_len, r.suffix_history, r.candidate_ids, logits)
+                    for r in requests]
         if len(requests) > self.cfg.batch_buckets[-1]:
             raise InvalidRequest("requests", f"{len(requests)} exceed the largest batch bucket "
                                              f"{self.cfg.batch_buckets[-1]}")
@@ -325,17 +322,23 @@ class RelayGRModel:
         """Forget what `slot` holds (its rows are overwritten by the next prefill)."""
         self._slot_tokens.pop(slot, None)
 
-    def warmup(self, graphs: Sequence[str] = GRAPH_KINDS, max_chunk: int | None = None) -> dict[str, Any]:
+    def warmup(self, graphs: Sequence[str] = GRAPH_KINDS, max_chunk: int | None = None,
+               max_batch: int = 1) -> dict[str, Any]:
         """Compile every bucket of the chosen graphs now, so no request pays for a compile.
 
         max_chunk: compile prefix graphs only for chunks up to this many tokens (chunked prefill).
+        max_batch: with the candidate graph, also compile the batched one for every batch bucket up to the one
+        holding this many users (rank_cached_batch; nothing more when 1 or without the fused kernels).
         """
         unknown = set(graphs) - set(GRAPH_KINDS)
         if unknown:
             raise ValueError(f"graphs={sorted(unknown)}: unknown; choose from {GRAPH_KINDS}")
         t0 = time.perf_counter()
-        todo = [(kind, shape) for kind in graphs for shape in self.graph_shapes(kind)
-                if not (kind == "prefix" and max_chunk is not None and shape[1] > max_chunk)]
+        kinds = [*graphs, "candidate_batch"] if "candidate" in graphs and max_batch > 1 and self._batched else graphs
+        top_batch = bucket_for(max_batch, self.cfg.batch_buckets, "max_batch")
+        todo = [(kind, shape) for kind in kinds for shape in self.graph_shapes(kind)
+                if not (kind == "prefix" and max_chunk is not None and shape[1] > max_chunk)
+                and not (kind == "candidate_batch" and shape[0] > top_batch)]
         total = len(todo) + (2 * len(self.prefix_buckets) if "prefix" in graphs else 0)
         for done, (kind, shape) in enumerate(todo, 1):
             self._run_dummy(kind, shape)
@@ -380,6 +383,8 @@ class RelayGRModel:
                                            if prev[p] + 1 + prev[c] + 1 <= self.layout.slot_len]
         if kind == "candidate":
             return [(p, s, m) for p in pb for s in cfg.suffix_buckets for m in cfg.candidate_buckets]
+        if kind == "candidate_batch":  # (users, past, suffix, candidates); one user runs the candidate graph
+            return [(b, *shape) for b in cfg.batch_buckets if b > 1 for shape in self.graph_shapes("candidate")]
         raise ValueError(f"kind={kind!r}: unknown graph kind")
 
     def save_checkpoint(self, path: str | Path) -> None:
@@ -490,12 +495,18 @@ class RelayGRModel:
                 self._call("prefix", *args, *write_ids, *_no_past())
             else:
                 self._call("extend", *args, *write_ids, *self._past_args(0, 0, past))
-        else:
+        elif kind == "candidate":
             past, suffix, m = shape
             tokens = self._tokens(hist, 0, suffix)
             cand = self._candidate_args(np.ones(m, np.int32), 1, 0)
             self._call("candidate", *self._suffix_args(tokens), *self._past_args(0, 0, past), *cand,
                        np.zeros(1, np.int32))
+        else:
+            users, past, suffix, m = shape
+            ids, pos, hi, lo = self._candidate_args(np.ones(m, np.int32), 1, 0)
+            row = (*self._suffix_args(self._tokens(hist, 0, suffix)), *self._past_args(0, 0, past), ids, pos[0],
+                   hi[0], lo[0], np.int32(0))
+            self._call("candidate_batch", *(np.stack([a] * users) for a in row))
 
 
 def _no_past() -> tuple[np.ndarray, ...]:

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,8 +29,8 @@ from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.model.inputs import History, validate_candidates, validate_history
 from mindspore_relaygr.relay.audit import TOLERANCE as AUDIT_TOLERANCE
 from mindspore_relaygr.relay.audit import ExactnessAudit
-from mindspore_relaygr.relay.device_model import DeviceModel
-from mindspore_relaygr.relay.executor import AUDIT, PREFILL, RANK, DeviceExecutor, ExecutorClosed
+from mindspore_relaygr.relay.device_model import CachedRank, DeviceModel
+from mindspore_relaygr.relay.executor import AUDIT, PREFILL, RANK, DeviceExecutor, ExecutorClosed, Outcome
 from mindspore_relaygr.relay.latency import LatencyModel
 from mindspore_relaygr.relay.ledger import EXTEND, PENDING, PREFETCH, Relay, RelayLedger
 from mindspore_relaygr.relay.ledger import PREFILL as PREFILL_RELAY
@@ -39,6 +39,19 @@ from mindspore_relaygr.relay.trigger import SequenceAwareTrigger
 from mindspore_relaygr.relay.types import PreinferResult, RankResult
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _RankItem:
+    """One rank on its way to the device thread (a member of a batch of ranks)."""
+
+    user_id: str
+    hist: History
+    cands: np.ndarray
+    waited: bool  # it waited for its prefix's relay
+    arrived: float  # engine clock, seconds
+    submitted: float
+    timing: dict[str, float] = field(default_factory=dict)  # queue and compute (ms), filled on the device thread
 
 
 def engine_chunk_bucket(model: DeviceModel, config: RelayGRConfig) -> int:
@@ -105,7 +118,7 @@ class RelayEngine:
 
         model = model or RelayGRModel(config)
         if config.relay.warmup:
-            model.warmup(max_chunk=engine_chunk_bucket(model, config))
+            model.warmup(max_chunk=engine_chunk_bucket(model, config), max_batch=config.relay.max_rank_batch)
         if config.trigger.latency_profile:
             latency = LatencyModel.from_json(config.trigger.latency_profile)
         else:
@@ -317,20 +330,11 @@ class RelayEngine:
         wait_ms, waited = 0.0, False
         if self.config.relay.enabled:
             wait_ms, waited = self._wait_for_inflight(user_id, hist, cands)
-        submitted = self._clock()
-        timing: dict[str, float] = {}
-
-        def on_device():
-            start = self._clock()
-            timing["queue"] = (start - submitted) * 1e3
-            try:
-                out = self._rank_on_device(user_id, hist, cands, waited, t0)
-            finally:
-                self._settle()
-            timing["compute"] = (self._clock() - start) * 1e3
-            return out
-
-        scores, tier, events = self.executor.submit(on_device, RANK, label="rank").result()
+        item = _RankItem(user_id, hist, cands, waited, arrived=t0, submitted=self._clock())
+        scores, tier, events = self.executor.submit_batched(item, self._rank_batch_on_device,
+                                                            self.config.relay.max_rank_batch, RANK,
+                                                            label="rank").result()
+        timing = item.timing
         timing.update(wait=wait_ms, total=(self._clock() - t0) * 1e3)
         truncated = events < len(hist)
         with self._lock:
@@ -378,10 +382,10 @@ class RelayEngine:
         if relay is None:
             return 0.0, False
         t0 = self._clock()
-        with self._lock:
-            self.work.inflight_waits += 1
         miss_ms = self._predicted_miss_ms(hist, cands)
         boosted = relay.remaining_ms() <= miss_ms
+        with self._lock:  # counted once judged: a test waiting on it knows the first judgement was made
+            self.work.inflight_waits += 1
         if boosted:
             self._boost(relay)
             done = self._await(relay, max(self.config.relay.inflight_wait_ms, relay.remaining_ms() + miss_ms))
@@ -412,30 +416,82 @@ class RelayEngine:
             pass
         return True
 
-    def _rank_on_device(self, user_id: str, hist: History, cands: np.ndarray, waited: bool, arrived: float):
-        """Device thread: cache tiers first, then the miss policy. Returns (scores, tier, events ranked on)."""
+    def _rank_batch_on_device(self, items: list[_RankItem]) -> list[Outcome]:
+        """Device thread: the ranks queued together (up to relay.max_rank_batch). Each is planned on its
+        own (cache tiers, then the miss policy, which computes what it needs at once); the ranks served from
+        a device slot then run as one batched call where the model has one, else one call each."""
+        start = self._clock()
+        outcomes: list[Outcome | None] = [None] * len(items)
+        cached: list[tuple[int, CacheHit, str]] = []
+        try:
+            for i, item in enumerate(items):
+                item.timing["queue"] = (start - item.submitted) * 1e3
+                try:
+                    planned = self._plan_rank(item)
+                except Exception as exc:  # noqa: BLE001 - this rank's caller gets it; the others go on
+                    outcomes[i] = Outcome(error=exc)
+                    continue
+                if isinstance(planned, tuple) and isinstance(planned[0], CacheHit):
+                    cached.append((i, *planned))
+                else:
+                    outcomes[i] = Outcome(planned)
+            for (i, hit, tier), result in zip(cached, self._rank_cached_many(items, cached), strict=True):
+                if isinstance(result, BaseException):
+                    outcomes[i] = Outcome(error=result)
+                    continue
+                item = items[i]
+                outcomes[i] = Outcome((result, tier, len(item.hist)))
+                if self.audit.sample():
+                    try:
+                        self.executor.submit(lambda h=hit, it=item, r=result: self._audit(h.key, it.hist, it.cands, r),
+                                             AUDIT, label="audit")
+                    except ExecutorClosed:
+                        self.audit.finished(None)
+        finally:
+            for _, hit, _ in cached:
+                self.cache.release(hit)
+            self._settle()
+        compute_ms = (self._clock() - start) * 1e3  # the device step they shared
+        for item in items:
+            item.timing["compute"] = compute_ms
+        return outcomes  # type: ignore[return-value] - every slot is filled above
+
+    def _plan_rank(self, item: _RankItem):
+        """Device thread: (cache hit, tier) when a device slot serves the rank (the caller ranks it and
+        releases the hit); else the finished (scores, tier, events ranked on) of the miss policy."""
+        hist, cands = item.hist, item.cands
         if not self.config.relay.enabled:
             return self._rank_truncated(hist, cands, self.config.relay.max_online_len, "bypass")
-        hit = self.cache.acquire(user_id, hist, keep=self.ledger.awaited())
+        hit = self.cache.acquire(item.user_id, hist, keep=self.ledger.awaited())
         if hit is None:
-            return self._rank_miss(hist, cands, arrived)
+            return self._rank_miss(hist, cands, item.arrived)
         self.ledger.consume(hit.key)
-        tier = "inflight" if waited and hit.tier == "device" else hit.tier
+        tier = "inflight" if item.waited and hit.tier == "device" else hit.tier
         if len(hist) - hit.prefix_len > self.config.model.max_suffix_len:
             hit = self._extend(hit, hist, cands)
             if hit is None:
-                return self._rank_miss(hist, cands, arrived)
+                return self._rank_miss(hist, cands, item.arrived)
             tier = "partial"
-        try:
-            scores = self.model.rank_cached(hit.slot, hit.prefix_len, hist.slice(hit.prefix_len), cands)
-        finally:
-            self.cache.release(hit)
-        if self.audit.sample():
+        return hit, tier
+
+    def _rank_cached_many(self, items: list[_RankItem], cached: list[tuple[int, CacheHit, str]]) -> list[Any]:
+        """Scores (or the error) of each cached rank: one batched model call when there are several and the
+        model batches, else one call each."""
+        if len(cached) > 1 and self.model.batched_ranking:
+            requests = [CachedRank(hit.slot, hit.prefix_len, items[i].hist.slice(hit.prefix_len), items[i].cands)
+                        for i, hit, _ in cached]
             try:
-                self.executor.submit(lambda: self._audit(hit.key, hist, cands, scores), AUDIT, label="audit")
-            except ExecutorClosed:
-                self.audit.finished(None)
-        return scores, tier, len(hist)
+                return list(self.model.rank_cached_batch(requests))
+            except Exception as exc:  # noqa: BLE001 - every rank of the batch gets it
+                return [exc] * len(cached)
+        out: list[Any] = []
+        for i, hit, _ in cached:
+            try:
+                out.append(self.model.rank_cached(hit.slot, hit.prefix_len, items[i].hist.slice(hit.prefix_len),
+                                                  items[i].cands))
+            except Exception as exc:  # noqa: BLE001 - this rank's caller gets it
+                out.append(exc)
+        return out
 
     def _audit(self, key: CacheKey, hist: History, cands: np.ndarray, cached: np.ndarray) -> None:
         """Device thread, when idle: recompute a cached rank in full; drop the entry if they differ."""
@@ -548,7 +604,8 @@ class RelayEngine:
                            copy_bytes_per_s=self.copy_bytes_per_s,
                            slot_bytes=self.model.layout.slot_bytes, ranks=ranks, work=work,
                            relays=self.ledger.stats(), trigger=self.trigger.stats(), cache=self.cache.stats(),
-                           audit=self.audit.stats(), preinfers=preinfers, device_steps=self.executor.step_stats())
+                           audit=self.audit.stats(), preinfers=preinfers, device_steps=self.executor.step_stats(),
+                           device_batches=self.executor.batch_stats())
 
     def flush(self) -> None:
         """Drop every cached prefix (device and DRAM); in-flight prefills finish normally."""

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -37,15 +38,25 @@ class DeviceExecutor:
         self._closed = False
         self._busy_since: float | None = None
         self._steps: dict[str, tuple[int, float]] = {}  # label -> (steps, longest step ms)
+        self._batches: dict[str, dict[int, int]] = {}  # label -> batch size -> device calls
         self._lock = threading.Lock()  # guards _live, _running and task tickets/priorities
         self._live: dict[Future, _Task] = {}  # submitted, not finished
         self._running: _Task | None = None
+        self._running_with: int = 0  # further tasks running in the same batch as _running
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[[], Any], priority: int = RANK, label: str = "call") -> Future:
         """Run `fn()` on the device thread; its result or exception lands in the future."""
         return self._put(priority, _Call(fn, label))
+
+    def submit_batched(self, item: Any, run: Callable[[list[Any]], list[Outcome]], max_batch: int,
+                       priority: int = RANK, label: str = "batch") -> Future:
+        """Run `item` on the device thread together with the items queued right behind it that were submitted
+        with the same `run` and priority: one `run(items)` call for up to `max_batch` of them, which returns
+        one Outcome per item, in order. The batch is formed from what is already queued when the first item
+        comes up: the thread never waits for more to arrive."""
+        return self._put(priority, _Batched(item, run, max_batch, label))
 
     def submit_steps(self, steps: Iterator[Any], priority: int = PREFILL, label: str = "steps") -> Future:
         """Run a generator one step at a time, yielding the thread to higher-priority work in between.
@@ -59,13 +70,18 @@ class DeviceExecutor:
         rank queued behind that kind of work could have waited."""
         return {label: {"steps": n, "max_ms": worst} for label, (n, worst) in sorted(self._steps.items())}
 
+    def batch_stats(self) -> dict[str, dict[int, int]]:
+        """Per label of batched work: how many device calls ran each batch size, since the last reset."""
+        return {label: dict(sorted(sizes.items())) for label, sizes in sorted(self._batches.items())}
+
     def reset_stats(self) -> None:
         self._steps.clear()
+        self._batches.clear()
 
     def depth(self) -> int:
         """Tasks waiting (not counting the one running)."""
         with self._lock:
-            return len(self._live) - (self._running is not None)
+            return len(self._live) - (self._running is not None) - self._running_with
 
     def busy_ms(self) -> float:
         """How long the running task has been running (0 when idle)."""
@@ -138,11 +154,67 @@ class DeviceExecutor:
             self._live.pop(future, None)
             self._running = None
 
+    def _batch_behind(self, first: _Batched) -> list[tuple[_Batched, Future]]:
+        """The tasks queued right behind `first` that join its batch (same run function and priority), taken
+        off the queue; stops at the first entry that does not match (it goes back), so order is kept."""
+        members: list[tuple[_Batched, Future]] = []
+        while len(members) + 1 < first.max_batch:
+            try:
+                entry = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            _, _, ticket, task, future = entry
+            with self._lock:
+                stale = task is not None and ticket != task.ticket
+            if stale:
+                continue  # superseded by a boost
+            if not (isinstance(task, _Batched) and task.run == first.run and task.priority == first.priority):
+                self._queue.put(entry)
+                break
+            if future.set_running_or_notify_cancel():
+                task.started = True
+                members.append((task, future))
+            else:
+                with self._lock:
+                    self._live.pop(future, None)
+        with self._lock:
+            self._running_with = len(members)
+        return members
+
+    def _run_batch(self, first: _Batched, future: Future) -> None:
+        """One device call for `first` and the tasks queued behind it; each future gets its own outcome."""
+        batch = [(first, future), *self._batch_behind(first)]
+        sizes = self._batches.setdefault(first.label, {})
+        sizes[len(batch)] = sizes.get(len(batch), 0) + 1
+        try:
+            outcomes = first.run([task.item for task, _ in batch])
+            if len(outcomes) != len(batch):
+                raise RuntimeError(f"a batch of {len(batch)} returned {len(outcomes)} outcomes")
+        except BaseException as exc:  # noqa: BLE001 - delivered to every waiting caller
+            outcomes = [Outcome(error=exc)] * len(batch)
+        with self._lock:
+            for _, f in batch:
+                self._live.pop(f, None)
+            self._running, self._running_with = None, 0
+        for (_, f), outcome in zip(batch, outcomes, strict=True):
+            if outcome.error is not None:
+                f.set_exception(outcome.error)
+            else:
+                f.set_result(outcome.value)
+
     def _run(self) -> None:
         while True:
             task, future = self._next()
             if task is None:
                 break
+            if isinstance(task, _Batched):
+                self._busy_since = start = self._clock()
+                try:
+                    self._run_batch(task, future)
+                finally:
+                    self._busy_since = None
+                    self._count_step(task.label, (self._clock() - start) * 1e3)
+                continue
             self._busy_since = start = self._clock()
             try:
                 done, value = task.step()
@@ -178,6 +250,14 @@ class DeviceExecutor:
                 future.set_exception(ExecutorClosed("the device executor closed before this ran"))
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What a batched run gives one of its items: a value, or the error that item's caller gets."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+
 class _Task:
     """A unit of device work. `ticket` names its one valid queue entry (a boost re-queues it)."""
 
@@ -211,3 +291,14 @@ class _Steps(_Task):
         except StopIteration as stop:
             return True, stop.value
         return False, None
+
+
+class _Batched(_Task):
+    def __init__(self, item: Any, run: Callable[[list[Any]], list[Outcome]], max_batch: int, label: str) -> None:
+        super().__init__(label)
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch!r}: must be >= 1")
+        self.item, self.run, self.max_batch = item, run, max_batch
+
+    def step(self) -> tuple[bool, Any]:  # never called: the thread runs batches through _run_batch
+        raise NotImplementedError

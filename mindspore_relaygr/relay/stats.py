@@ -67,6 +67,7 @@ class EngineStats:
     audit: AuditStats
     preinfers: dict[str, int] = field(default_factory=dict)  # decisions by reason (incl. "disabled")
     device_steps: dict[str, Any] = field(default_factory=dict)  # executor step stats per label
+    device_batches: dict[str, dict[int, int]] = field(default_factory=dict)  # label -> batch size -> device calls
 
     @property
     def inflight_bytes(self) -> int:

@@ -69,3 +69,25 @@ def test_a_batch_larger_than_the_largest_bucket_is_refused(model):
     request = CachedRank(0, 20, {"item_ids": [], "action_ids": [], "timestamps": []}, [1, 2, 3])
     with pytest.raises(InvalidRequest, match="largest batch bucket 4"):
         model.rank_cached_batch([request] * 5)
+
+
+def test_warmup_compiles_the_batched_buckets_up_to_max_batch():
+    """After warmup(max_batch=2) a batched rank of 2 users, any past/suffix/candidate bucket, compiles nothing
+    on the request path; a batch of 3 (bucket 4, not warmed) is reported cold, so the check can fail."""
+    from mindspore_relaygr.model import RelayGRModel
+
+    m = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=3", "model.batch_buckets=[1,2,4]"]))
+    m.warmup(graphs=("candidate",), max_batch=2)
+    rng = np.random.default_rng(5)
+    for total, cached, num_cands in ((127, 120, 32), (40, 31, 8), (20, 20, 9)):
+        requests = []
+        for slot in range(2):
+            prefix, suffix = split_history(random_history(rng, total, user_features=[1, 2]), cached)
+            m.release_slot(slot)
+            m.prefill(slot, prefix)
+            requests.append(CachedRank(slot, cached, suffix, rng.integers(1, 201, num_cands)))
+        m.rank_cached_batch(requests)
+    assert [c.kind for c in m.call_stats.cold_calls if c.kind == "candidate_batch"] == []
+    m.prefill(2, prefix)
+    m.rank_cached_batch([*requests, CachedRank(2, cached, suffix, [1, 2, 3])])
+    assert [c.shapes[0][0] for c in m.call_stats.cold_calls if c.kind == "candidate_batch"] == [4]

@@ -32,6 +32,7 @@ class FakeModel(FakeStore):
         super().__init__(config.cache.num_slots)
         self.cfg = config.model
         self.layout = FakeLayout(config.cache.max_prefix_len)
+        self.batch_calls: list[int] = []  # the size of every rank_cached_batch call
         self.version = config.model.version
         self.prefix_buckets = [b for b in config.model.len_buckets if b <= config.cache.max_prefix_len]
         self.events_computed = 0  # prefix events written by prefill (the work a relay saves or spends)
@@ -60,6 +61,12 @@ class FakeModel(FakeStore):
     def rank_cached(self, slot, prefix_len, suffix, candidate_ids):
         return np.tile(super().rank_cached(slot, prefix_len, suffix, validate_candidates(self.cfg, candidate_ids)),
                        (1, 2))
+
+    batched_ranking = True  # rank_cached_batch: one "device call" for several users (counted in batch_calls)
+
+    def rank_cached_batch(self, requests):
+        self.batch_calls.append(len(requests))
+        return [self.rank_cached(r.slot, r.prefix_len, r.suffix_history, r.candidate_ids) for r in requests]
 
     def corrupt(self, slot: int) -> None:
         user, held = self.slots[slot]

@@ -151,11 +151,13 @@ def test_a_prefill_that_progressed_while_the_rank_waited_is_boosted_then_not_aba
     profile = LatencyModel([LatencyPoint("full", 128, 32, 0, 200.0), LatencyPoint("relay", 128, 16, 32, 5.0),
                             *(LatencyPoint("prefill", n, 0, 0, 60.0 * n / 32) for n in (32, 64, 96, 128))])
     eng = RelayEngine(load_config(CONFIGS / "tiny.yaml", [*BASE, "relay.inflight_wait_ms=1500"]), model, profile)
-    chunk_gate, calls = threading.Event(), []
+    rank_judged, chunk_gate, calls = threading.Event(), threading.Event(), []
     original = model.prefill
 
     def prefill(*a, **k):
         calls.append(a[0])
+        if len(calls) == 1:  # no chunk is done when the rank is first judged
+            rank_judged.wait(30)
         if len(calls) == 3:  # the third chunk holds the device until the rank has been judged again
             chunk_gate.wait(30)
         return original(*a, **k)
@@ -166,6 +168,8 @@ def test_a_prefill_that_progressed_while_the_rank_waited_is_boosted_then_not_aba
         assert eng.preinfer("d", h).admitted
         with ThreadPoolExecutor(1) as pool:
             ranked = pool.submit(eng.rank, "d", h, cands)
+            wait_until(lambda: eng.stats().work.inflight_waits, what="the rank to judge the prefill")
+            rank_judged.set()
             wait_until(lambda: eng.stats().work.inflight_boosts, what="the rank to boost the prefill")
             chunk_gate.set()
             res = ranked.result(60)
@@ -176,6 +180,7 @@ def test_a_prefill_that_progressed_while_the_rank_waited_is_boosted_then_not_aba
         assert work.prefills == 1 and len(calls) == 4
         np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
     finally:
+        rank_judged.set()
         chunk_gate.set()
         model.prefill = original
         eng.close()
@@ -418,3 +423,24 @@ def test_the_audit_detects_a_corrupted_device_slot_and_drops_it(make_engine, mod
     res = eng.rank("audited", h, cands)
     assert res.cache == "miss"
     np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
+
+
+def test_queued_ranks_run_as_one_batched_call_with_exact_scores(make_engine, model):
+    eng = make_engine("relay.max_rank_batch=4")
+    users = {f"b{i}": hist(90 + i, 60 + 20 * i) for i in range(3)}
+    cands = {u: np.arange(1 + i, 12 + 5 * i) for i, u in enumerate(users)}
+    for u, h in users.items():
+        assert eng.preinfer(u, h, num_candidates=10).admitted
+    eng.wait_prefills(60)
+    gate, running = threading.Event(), threading.Event()
+    eng.executor.submit(lambda: running.set() or gate.wait(30))
+    assert running.wait(30)
+    with ThreadPoolExecutor(3) as pool:
+        futures = {u: pool.submit(eng.rank, u, h, cands[u]) for u, h in users.items()}
+        wait_until(lambda: eng.executor.depth() == 3, what="the three ranks to queue")
+        gate.set()
+        results = {u: f.result(60) for u, f in futures.items()}
+    assert eng.executor.batch_stats()["rank"] == {3: 1}
+    for u, h in users.items():
+        assert results[u].cache == "device"
+        np.testing.assert_allclose(results[u].scores, expected(model, eng, h, cands[u]), atol=TOL, rtol=0)

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from mindspore_relaygr.relay.executor import PREFILL, RANK, DeviceExecutor, ExecutorClosed
+from mindspore_relaygr.relay.executor import PREFILL, RANK, DeviceExecutor, ExecutorClosed, Outcome
 from tests.waiting import wait_until
 
 
@@ -158,4 +158,75 @@ def test_step_stats_count_steps_per_label_and_keep_the_longest():
     assert stats["prefill"]["steps"] == 3  # two yields and the final step that returns
     ex.reset_stats()
     assert ex.step_stats() == {}
+    ex.close()
+
+
+class Recorder:
+    """A batched run function: records each batch's items, answers each item with its square."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def run(self, items: list[int]) -> list[Outcome]:
+        self.batches.append(list(items))
+        return [Outcome(error=ValueError(f"bad {i}")) if i < 0 else Outcome(i * i) for i in items]
+
+
+def test_an_idle_device_runs_a_batched_item_at_once_alone():
+    ex, rec = DeviceExecutor(), Recorder()
+    assert ex.submit_batched(3, rec.run, max_batch=8, label="rank").result(5) == 9
+    assert rec.batches == [[3]] and ex.batch_stats() == {"rank": {1: 1}}
+    ex.close()
+
+
+def test_items_queued_behind_the_first_join_its_batch_up_to_max_batch_in_order():
+    ex, rec = DeviceExecutor(), Recorder()
+    gate, running = threading.Event(), threading.Event()
+    ex.submit(lambda: running.set() or gate.wait(5))
+    assert running.wait(5)
+    futures = [ex.submit_batched(i, rec.run, max_batch=4, label="rank") for i in range(6)]
+    gate.set()
+    assert [f.result(5) for f in futures] == [i * i for i in range(6)]
+    assert rec.batches == [[0, 1, 2, 3], [4, 5]]
+    assert ex.batch_stats() == {"rank": {2: 1, 4: 1}} and ex.step_stats()["rank"]["steps"] == 2
+    ex.close()
+
+
+def test_a_batch_stops_at_other_work_and_keeps_priorities():
+    """A prefill boosted to rank priority between two ranks ends the first batch (order is kept); a prefill
+    at its own priority never joins, and waits for every rank."""
+    ex, rec = DeviceExecutor(), Recorder()
+    gate, running, order = threading.Event(), threading.Event(), []
+    ex.submit(lambda: running.set() or gate.wait(5))
+    assert running.wait(5)
+    a = ex.submit_batched(1, rec.run, max_batch=8)
+    boosted = ex.submit_steps(_job(order, "b", steps=1))
+    later_prefill = ex.submit_steps(_job(order, "p", steps=1))
+    c, d = ex.submit_batched(2, rec.run, max_batch=8), ex.submit_batched(3, rec.run, max_batch=8)
+    assert ex.boost(boosted)
+    gate.set()
+    assert (a.result(5), c.result(5), d.result(5), later_prefill.result(5)) == (1, 4, 9, "p")
+    assert rec.batches == [[1], [2, 3]] and order == ["b0", "p0"]
+    ex.close()
+
+
+def test_each_item_gets_its_own_outcome_and_a_failing_run_fails_them_all():
+    ex, rec = DeviceExecutor(), Recorder()
+    gate, running = threading.Event(), threading.Event()
+    ex.submit(lambda: running.set() or gate.wait(5))
+    assert running.wait(5)
+    good, bad = ex.submit_batched(2, rec.run, max_batch=4), ex.submit_batched(-1, rec.run, max_batch=4)
+
+    def broken(items):
+        raise RuntimeError("device lost")
+
+    lost = [ex.submit_batched(i, broken, max_batch=4) for i in range(2)]
+    gate.set()
+    assert good.result(5) == 4
+    with pytest.raises(ValueError, match="bad -1"):
+        bad.result(5)
+    for f in lost:
+        with pytest.raises(RuntimeError, match="device lost"):
+            f.result(5)
+    assert ex.depth() == 0
     ex.close()

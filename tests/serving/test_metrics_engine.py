@@ -103,3 +103,19 @@ def test_audit_metrics_and_histogram_with_the_fake_model_engine():
         assert f'relaygr_audit_max_abs_diff_bucket{{le="1e-08"}} {float(audit.checked)}' in text
     finally:
         engine.close()
+
+
+def test_device_batch_size_histogram_counts_every_rank_call():
+    from tests.relay.fake_model import FakeModel
+
+    cfg = load_config(CONFIGS / "tiny.yaml", [*BASE, "expander.enable_prefetch=false"])
+    engine = RelayEngine(cfg, FakeModel(cfg), latency())
+    try:
+        client = create_app(cfg, engine=engine).test_client()
+        drive(client, engine)  # 7 ranks, one at a time: 7 device calls of one rank each
+        text = client.get("/metrics").get_data(as_text=True)
+        assert 'relaygr_device_batch_size_bucket{le="1",work="rank"} 7.0' in text
+        assert 'relaygr_device_batch_size_count{work="rank"} 7.0' in text
+        assert 'relaygr_device_batch_size_sum{work="rank"} 7.0' in text
+    finally:
+        engine.close()

@@ -1,0 +1,58 @@
+"""Ranks batched on the device thread (relay.max_rank_batch): the ranks already queued when one comes up
+run in one model call; nothing waits for a batch to fill; a miss in the batch is computed on its own."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from tests.relay.test_engine_fake import CANDS, clocked_engine, hist, relay
+from tests.waiting import wait_until
+
+
+def queued_ranks(eng, users: dict[str, dict]) -> dict[str, object]:
+    """Rank every user while the device thread is held, so all of them queue; then let it go."""
+    gate, running = threading.Event(), threading.Event()
+    eng.executor.submit(lambda: running.set() or gate.wait(10))
+    assert running.wait(10)
+    with ThreadPoolExecutor(len(users)) as pool:
+        futures = {u: pool.submit(eng.rank, u, h, CANDS) for u, h in users.items()}
+        wait_until(lambda: eng.executor.depth() == len(users), what="every rank to queue")
+        gate.set()
+        return {u: f.result(30) for u, f in futures.items()}
+
+
+def test_queued_ranks_from_device_slots_run_as_one_batched_call():
+    eng, _ = clocked_engine("relay.max_rank_batch=4")
+    try:
+        users = {f"u{i}": hist(200 + i) for i in range(3)}
+        for u, h in users.items():
+            relay(eng, u, h)
+        results = queued_ranks(eng, {**users, "cold": hist(300)})  # a user without a pre-infer: a miss
+        assert eng.model.batch_calls == [3]  # the three cached ranks in one call; the miss on its own
+        for u, h in users.items():
+            assert results[u].cache == "device"
+            np.testing.assert_array_equal(results[u].scores, eng.model.rank_full(h, CANDS))
+        assert results["cold"].cache == "miss"
+        assert eng.executor.batch_stats() == {"rank": {4: 1}}  # one device step for all four
+    finally:
+        eng.close()
+
+
+def test_an_idle_device_ranks_at_once_and_max_rank_batch_1_never_batches():
+    for max_batch in (1, 4):
+        eng, _ = clocked_engine(f"relay.max_rank_batch={max_batch}")
+        try:
+            relay(eng, "alone", hist(400))
+            assert eng.rank("alone", hist(400), CANDS).cache == "device"  # nothing queued: a batch of one
+            assert eng.executor.batch_stats() == {"rank": {1: 1}} and eng.model.batch_calls == []
+            if max_batch == 1:
+                users = {f"v{i}": hist(500 + i) for i in range(3)}
+                for u, h in users.items():
+                    relay(eng, u, h)
+                queued_ranks(eng, users)
+                assert eng.model.batch_calls == [] and eng.executor.batch_stats() == {"rank": {1: 4}}
+        finally:
+            eng.close()
