@@ -71,7 +71,7 @@ class ModelConfig:
     len_buckets: list[int] = field(default_factory=lambda: [64, 128, 256])
     suffix_buckets: list[int] = field(default_factory=lambda: [8, 32])
     candidate_buckets: list[int] = field(default_factory=lambda: [16, 64])
-    # Users per batched ranking call (RelayGRModel.rank_cached_batch: fused kernels), padded up to one of these
+    # Users per batched ranking call (RelayGRModel.rank_cached_batch), padded up to one of these
     batch_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     attention_block_len: int = 256  # query rows per attention block; bounds graph peak memory
     fused_kernels: bool | None = None  # null: fused C++ kernels on CPU when they build; true: required
@@ -219,8 +219,8 @@ class RelayConfig:
     # slot if it is there.
     ready_ttl_ms: float = 2000.0
     # Ranks served from device slots that the device thread runs in one call: what is already queued when a
-    # rank comes up joins it, up to this many (it never waits for more). 1: one rank per call. Batched calls
-    # need the fused CPU kernels (model.batch_buckets); with plain ops the ranks of a batch run one by one.
+    # rank comes up joins it, up to this many (it never waits for more), padded to model.batch_buckets.
+    # 1: one rank per call.
     max_rank_batch: int = 1
     # Admission control of ranks (serving): admit a rank only while the unfinished ranks ahead of it and
     # itself are predicted to drain within admission_fraction * trigger.slo_ms; others get 503 at once.

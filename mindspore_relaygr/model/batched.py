@@ -1,4 +1,4 @@
-"""The cached-prefix ranking graph for B users in one call (fused CPU kernels).
+"""The cached-prefix ranking graphs for B users in one call: fused CPU kernels, and plain MindSpore ops.
 
 Each user reads its own pool slot in place (the attention kernel's views, as `CandidateGraph`), has its own
 suffix, prefix length and candidates, all padded to one bucket (past P, suffix S, candidates M). The rows of
@@ -7,6 +7,10 @@ candidates), so every dense step runs once for all users: each layer's UVQK proj
 rows and its output projection one fused call; only attention runs per user (its own past, its own keys).
 The bias indices of every user come from the flat [B S] metadata through windows: no slicing ops.
 Scores equal the single-user graph's (tests/model/test_batched.py).
+
+`PlainBatchedCandidateGraph` is the same with MindSpore ops only (the path Ascend runs): each layer's
+projections of all users' suffix tokens and of all their candidates are one matmul each, as is the output
+projection; attention runs per user on head-major Q/K/V, over its slot's K/V gathered from the pool.
 """
 
 from __future__ import annotations
@@ -98,7 +102,7 @@ class BatchedCandidateGraph(nn.Cell):
                                            shape_carrier(m, u.shape[1]), net.attention_scales, net.inv_norm,
                                            ((new_kv[i], cand_new_idx[i]),)),)
             x = layer.finish(ops.concat(x_c), ops.concat(av), ops.concat(u_c), fused=True)  # [B M, d]
-        return self._logits(user, x, cand_ids)
+        return _batched_logits(self.net, user, x, cand_ids)
 
     def _past_views(self, past_views, i: int, layer_id: int):
         """(K, K at, V, V at) of user i's slot in one layer: the pool read in place through its views."""
@@ -123,15 +127,76 @@ class BatchedCandidateGraph(nn.Cell):
                                        ((past_kv[i], past_idx),)),)
         return layer.finish(x_u, ops.concat(av), u, fused=True)
 
-    def _logits(self, user, cand_hidden, cand_ids):
-        """[B, M, tasks]: engage = cos(user state, candidate item embedding) / temperature, the other tasks from
-        the head on each candidate's state (HSTUNet.logits for B users)."""
-        net = self.net
-        b, m = cand_ids.shape
-        items = ops.reshape(ops.gather(net.item_table, ops.reshape(cand_ids, (-1,)), 0), (b, m, -1))
-        users = ops.expand_dims(unit(net.final_norm(user)), 1)  # [B, 1, d]
-        engage = ops.expand_dims(ops.reduce_sum(users * unit(items), -1) * net.inv_temperature, -1)
-        if net.head is None:
-            return engage
-        head = ops.reshape(net.head(net.final_norm(cand_hidden)), (b, m, -1))
-        return ops.concat((engage, head), axis=-1)
+
+def _batched_logits(net: HSTUNet, user, cand_hidden, cand_ids):
+    """[B, M, tasks]: engage = cos(user state, candidate item embedding) / temperature, the other tasks from the
+    head on each candidate's state (HSTUNet.logits for B users; user [B, d], cand_hidden [B M, d])."""
+    b, m = cand_ids.shape
+    items = ops.reshape(ops.gather(net.item_table, ops.reshape(cand_ids, (-1,)), 0), (b, m, -1))
+    users = ops.expand_dims(unit(net.final_norm(user)), 1)  # [B, 1, d]
+    engage = ops.expand_dims(ops.reduce_sum(users * unit(items), -1) * net.inv_temperature, -1)
+    if net.head is None:
+        return engage
+    head = ops.reshape(net.head(net.final_norm(cand_hidden)), (b, m, -1))
+    return ops.concat((engage, head), axis=-1)
+
+
+class PlainBatchedCandidateGraph(nn.Cell):
+    """B cached slots + suffixes + candidates -> candidate logits [B, M, tasks], MindSpore ops only; the inputs
+    of BatchedCandidateGraph, with each slot's K/V row ids (PoolLayout.read_ids) for `past_kv_ids` [B, L H P]."""
+
+    def __init__(self, net: HSTUNet, pool: KVPool) -> None:
+        super().__init__()
+        self.net, self.pool = net, pool
+        self.num_layers = len(net.layers)
+
+    def construct(self, item_ids, action_ids, pos, hi, lo, valid, past_kv_ids, past_time_ids, past_pos, past_valid,
+                  cand_ids, cand_pos, cand_hi, cand_lo, last):
+        net, rab = self.net, self.net.rab
+        b, s = item_ids.shape
+        m = cand_ids.shape[1]
+        x = net.embed(_flat(item_ids), _flat(action_ids), _flat(pos))  # [B S, d]
+        cand = ops.gather(net.item_table, _flat(cand_ids), 0) + take(net.action_table, net.candidate_action,
+                                                                     net.candidate_action + 1)
+        cand = ops.reshape(ops.reshape(cand, (b, m, -1)) + ops.expand_dims(net.embed_positions(cand_pos), 1),
+                           (b * m, -1))
+        metas, pasts, cand_metas, biases = [], [], [], []
+        for i in range(b):
+            meta = (pos[i], hi[i], lo[i], valid[i])
+            keys, values, p_hi, p_lo = self.pool.read(past_kv_ids[i], past_time_ids[i])
+            past_meta = (past_pos[i], p_hi, p_lo, past_valid[i])
+            cand_meta = (cand_pos[i:i + 1], cand_hi[i:i + 1], cand_lo[i:i + 1])
+            metas.append(meta)
+            pasts.append((keys, values))
+            cand_metas.append(cand_meta)
+            # Bias values, built once per user and read by every layer (as HSTUNet._encode_reference).
+            biases.append(((rab.prepare(False, meta[:3], meta), rab.prepare(False, meta[:3], past_meta)),
+                           (rab.prepare(False, cand_meta, meta), rab.prepare(False, cand_meta, past_meta)),
+                           past_meta))
+        self_bias = ops.transpose(rab.self_bias(), (1, 0))  # [1, h]
+        final = self.num_layers - 1
+        user = None
+        for layer_id, layer in enumerate(net.layers):
+            y, yc = layer.project(x), layer.project(cand)  # one matmul for every user's tokens, one for candidates
+            k, v = layer.heads(y, "k"), layer.heads(y, "v")  # [h, B S, d]
+            q, qc = layer.heads(y, "q") * layer.q_scale, layer.heads(yc, "q") * layer.q_scale
+            av, av_c, users = (), (), ()
+            for i in range(b):
+                new_kv = (take(k, i * s, i * s + s, 1), None, take(v, i * s, i * s + s, 1), None)
+                keys, values = pasts[i]
+                past_kv = (keys[layer_id], None, values[layer_id], None)
+                token_bias, cand_bias, past_meta = biases[i]
+                av_c += (net._attend(False, (take(qc, i * m, i * m + m, 1), None), new_kv, past_kv, cand_bias),)
+                if layer_id < final:
+                    av += (net._attend(False, (take(q, i * s, i * s + s, 1), None), new_kv, past_kv, token_bias),)
+                else:
+                    past = (None, *past_meta)
+                    users += (net._user_row(layer, take(x, i * s, i * s + s), metas[i], past, new_kv, past_kv, False,
+                                            last[i:i + 1]),)
+            av_c = ops.concat(av_c) + layer.self_attention(yc, self_bias, net.inv_norm)
+            cand = layer.finish(cand, av_c, layer.part(yc, "u"))
+            if layer_id < final:
+                x = layer.finish(x, ops.concat(av), layer.part(y, "u"))
+            else:
+                user = ops.concat(users)
+        return _batched_logits(net, user, cand, cand_ids)

@@ -87,11 +87,10 @@ class RelayGRModel:
             "read_slot": SlotReadGraph(self.pool),
             "write_slot": SlotWriteGraph(self.pool),
         }
-        self._batched = None
-        if self.net.rab.reads_views(self.fused):
-            from mindspore_relaygr.model.batched import BatchedCandidateGraph
+        from mindspore_relaygr.model.batched import BatchedCandidateGraph, PlainBatchedCandidateGraph
 
-            self._batched = self._graphs["candidate_batch"] = BatchedCandidateGraph(self.net, self.pool)
+        batched = BatchedCandidateGraph if self.net.rab.reads_views(self.fused) else PlainBatchedCandidateGraph
+        self._graphs["candidate_batch"] = batched(self.net, self.pool)
         self.prefix_buckets = [b for b in self.cfg.len_buckets if b <= self.layout.slot_len]
         self._user_offsets = user_offsets(self.cfg) if self.cfg.has_user_token else np.zeros(1, np.int32)
         self._user_tokens = 1 if self.cfg.has_user_token else 0
@@ -178,18 +177,15 @@ class RelayGRModel:
 
     @property
     def batched_ranking(self) -> bool:
-        """Whether `rank_cached_batch` runs several users in one graph call (the fused attention kernel)."""
-        return self._batched is not None
+        """Whether `rank_cached_batch` runs several users in one graph call (it does, with either backend)."""
+        return True
 
     def rank_cached_batch(self, requests: Sequence[CachedRank], logits: bool = False) -> list[np.ndarray]:
-        """`rank_cached` of several users in one graph call (the fused kernels' batched graph): each request's
+        """`rank_cached` of several users in one graph call (model/batched.py, either backend): each request's
         scores [M_i, num_tasks], in order, equal its own `rank_cached` call. The requests are padded to the
         largest past, suffix and candidate buckets among them and to a batch bucket (model.batch_buckets)."""
         if not requests:
             return []
-        if self._batched is None:  # plain MindSpore ops: one call each
-            return [self.rank_cached(r.slot, r.prefix_len, r.suffix_history, r.candidate_ids, logits)
-                    for r in requests]
         if len(requests) > self.cfg.batch_buckets[-1]:
             raise InvalidRequest("requests", f"{len(requests)} exceed the largest batch bucket "
                                              f"{self.cfg.batch_buckets[-1]}")
@@ -334,7 +330,7 @@ class RelayGRModel:
         if unknown:
             raise ValueError(f"graphs={sorted(unknown)}: unknown; choose from {GRAPH_KINDS}")
         t0 = time.perf_counter()
-        kinds = [*graphs, "candidate_batch"] if "candidate" in graphs and max_batch > 1 and self._batched else graphs
+        kinds = [*graphs, "candidate_batch"] if "candidate" in graphs and max_batch > 1 else graphs
         top_batch = bucket_for(max_batch, self.cfg.batch_buckets, "max_batch")
         todo = [(kind, shape) for kind in kinds for shape in self.graph_shapes(kind)
                 if not (kind == "prefix" and max_chunk is not None and shape[1] > max_chunk)
