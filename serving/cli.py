@@ -18,13 +18,13 @@ from pathlib import Path
 
 from mindspore_relaygr.config import RelayGRConfig, load_config
 from mindspore_relaygr.errors import RelayGRError
-from mindspore_relaygr.shipped_configs import shipped_config
+from mindspore_relaygr.shipped_configs import config_arg, config_help
 
 logger = logging.getLogger(__name__)
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=str(shipped_config("tiny.yaml")), help="YAML config file")
+    parser.add_argument("--config", type=config_arg, default="tiny", help=config_help())
     parser.add_argument("--bundle", default=None, help="serve a bundle from `relaygr export` (its config and "
                                                         "weights; replaces --config)")
     parser.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
