@@ -228,8 +228,8 @@ def _decode(path: Path) -> str:
 
 def read_table(path: Path, needed: Sequence[str] = ()) -> tuple[dict[str, int], np.ndarray, list[list[str]]]:
     """A delimited file with a header row: (column name -> index, int64 [n] line of each data row, one list of n
-    texts per column). `.inter` (and its `.user`, `.item`): RecBole atomic (tab-separated, `name:type` headers); `.csv`, `.tsv`: CSV with
-    quoting. A missing `needed` column or a row with another field count is a DataError."""
+    texts per column). `.inter` (and its `.user`, `.item`): RecBole atomic (tab-separated, `name:type` headers);
+    `.csv`, `.tsv`: CSV with quoting. A missing `needed` column or a row with another field count is a DataError."""
     if path.suffix in ATOMIC_SUFFIXES:
         from mindspore_relaygr.data.movielens import atomic_table
 
@@ -407,23 +407,26 @@ def _user_features(raw: RawEvents, cfg: DataConfig
     if not names:
         return (), (), {}
     per_feature: list[dict[int, RawId]] = []  # dense user -> raw value
+    seen: list[set[RawId]] = []  # every value of the column: the vocabulary (a value no user has now included)
     for name in names:
         if name in raw.columns:
             per_feature.append(_latest_values(raw, raw.columns[name]))
+            seen.append({v for v in (canonical(t) for t in set(raw.columns[name])) if v != ""})
         elif name in raw.user_columns:
             per_feature.append({u: canonical(t) for u, (_, t) in raw.user_columns[name].items() if t.strip()})
+            seen.append(set(per_feature[-1].values()))
         else:
             where = f" nor in {raw.user_file}" if raw.user_file is not None else ""
             raise DataError(f"{raw.path}: data.user_feature_columns: no column {name!r} in the log{where}")
     vocabs = []
-    for name, values in zip(names, per_feature, strict=True):
+    for name, values, everything in zip(names, per_feature, seen, strict=True):
         if name in raw.fixed_vocabs:
             vocab = raw.fixed_vocabs[name]
             bad = next((v for v in values.values() if v not in vocab), None)
             if bad is not None:
                 raise DataError(f"{raw.path}: user feature {name!r}: value {shown(bad)} is not in its vocabulary")
         else:
-            vocab = {v: k for k, v in enumerate(sorted(set(values.values()), key=natural_key), 1)}
+            vocab = {v: k for k, v in enumerate(sorted(everything, key=natural_key), 1)}
         vocabs.append(vocab)
     users = set().union(*(v.keys() for v in per_feature))
     feats = {u: tuple(vocab.get(values.get(u), 0) for vocab, values in zip(vocabs, per_feature, strict=True))
