@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mindspore_relaygr.data.events import Interactions
+from mindspore_relaygr.errors import ConfigError
 from mindspore_relaygr.model.inputs import History
 
 logger = logging.getLogger(__name__)
@@ -135,7 +136,12 @@ def build_eval_set(split: Split, which: str, num_items: int, rng: np.random.Gene
     examples = []
     for uid in sorted(targets):
         t = targets[uid]
-        negs = sample_negatives(rng, num_items, split.full[uid].item_ids, num_negatives)
+        seen = np.unique(split.full[uid].item_ids)
+        if num_items - len(seen) < num_negatives:
+            raise ConfigError(f"data.num_eval_negatives={num_negatives}: user {uid} (dense id) has seen {len(seen)} of "
+                              f"the {num_items} items, which leaves {num_items - len(seen)} to sample negatives from: "
+                              f"lower data.num_eval_negatives")
+        negs = sample_negatives(rng, num_items, seen, num_negatives)
         hist = t.history if max_len is None else cap_history(t.history, max_len)
         examples.append(EvalExample(uid, hist, t.item_id, negs))
     return examples
