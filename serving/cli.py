@@ -250,7 +250,7 @@ def cmd_nginx_config(args: argparse.Namespace) -> int:
         print("(--balance random: leave out serving.upstream_servers; nginx does not route by the affinity hash)")
     if not all(is_loopback(parse_host_port(s)[0]) for s in spec.servers):
         print(f"instances off loopback need an admin token: export {ENV_ADMIN_TOKEN}=... on each "
-              f"(docs/serving.md#admin-token)")
+              f"(docs/serving.md, \"Admin token\")")
     return 0
 
 
