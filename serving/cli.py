@@ -126,12 +126,15 @@ def _device_ids(text: str) -> tuple[int, ...]:
 
 
 def _load(args: argparse.Namespace) -> RelayGRConfig:
-    """The config of --bundle (verified) or of --config, with the -o overrides."""
+    """The config of --bundle (verified) or of --config, with the -o overrides; a config whose vocabulary sizes
+    are still null (from the data: train first, then serve its bundle) is refused here, not in the worker."""
     if args.bundle:
         from mindspore_relaygr.export import load_bundle_config
 
         return load_bundle_config(args.bundle, args.override)
-    return load_config(args.config, args.override)
+    config = load_config(args.config, args.override)
+    config.model.require_sizes()
+    return config
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
