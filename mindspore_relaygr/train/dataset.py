@@ -74,9 +74,11 @@ def sized_config(config: RelayGRConfig, data: Interactions) -> RelayGRConfig:
              "user_feature_sizes": list(data.user_feature_sizes)}
     types = f" (event types {', '.join(map(str, data.event_types))})" if data.event_types else \
         " (no data.event_column: one event type)"
-    why = {"num_items": f"the data has {data.num_items} items", "num_actions": f"the data has {data.num_actions} "
-           f"event types{types}", "user_feature_sizes": f"the data's user features {list(data.user_feature_names)} "
-           f"have sizes {sizes['user_feature_sizes']} (values + 1 for unknown)"}
+    plural = "s" if data.num_actions != 1 else ""
+    why = {"num_items": f"the data has {data.num_items} items",
+           "num_actions": f"the data has {data.num_actions} event type{plural}{types}",
+           "user_feature_sizes": f"the data's user features {list(data.user_feature_names)} have sizes "
+                                 f"{sizes['user_feature_sizes']} (values + 1 for unknown)"}
     for key, value in sizes.items():
         given = getattr(model, key)
         if given is not None and given != value:
