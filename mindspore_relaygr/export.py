@@ -5,12 +5,15 @@ A bundle directory holds:
     config.yaml     the resolved config; `model.version` = the bundle's model version
     model.ckpt      the HSTUNet weights (`RelayGRModel.save_checkpoint`)
     items.json      item vocabulary: raw -> dense ids, dense id -> title
-    users.json      user vocabulary: raw -> dense ids, dense id -> features (and their names)
+    users.json      user vocabulary: raw -> dense ids, dense id -> features, the features' names and their
+                    vocabularies (raw value -> id)
+    events.json     the event column, its types in action-id order, the label rule of the second task
     prefix_p{P}.mindir                 prefix tokens -> per-layer K [L, h, P, dqk], V [L, h, P, dv]
     candidate_p{P}_s{S}_m{M}.mindir    K, V, past meta, suffix tokens, candidates -> logits [M, tasks]
     manifest.json   format, model version, and the sha256 and size of every file above
 
-The model version is `<name>-<first 12 hex digits of the checkpoint's sha256>`: it is part of every cache
+The model version is `<name>-<first 12 hex digits of the checkpoint's sha256>` (name: `bundle_name` of the
+data, unless given): it is part of every cache
 key, so caches of different weights never mix. The MindIR graphs are pure functions (no pool, reference
 ops) built on `HSTUNet.encode`, one file per static shape; by default the covering set (each prefix bucket,
 and per prefix bucket the largest suffix and candidate buckets, which padding makes valid for any smaller
@@ -23,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 import shutil
 import tempfile
 import time
@@ -37,13 +41,14 @@ from mindspore_relaygr.errors import BundleError
 
 logger = logging.getLogger(__name__)
 
-BUNDLE_FORMAT = 1
+BUNDLE_FORMAT = 2  # 2: events.json and the user features' vocabularies (raw ids served)
 MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_FILE = "model.ckpt"
 ITEMS_FILE = "items.json"
 USERS_FILE = "users.json"
-REQUIRED_FILES = (CONFIG_FILE, CHECKPOINT_FILE, ITEMS_FILE, USERS_FILE)
+EVENTS_FILE = "events.json"
+REQUIRED_FILES = (CONFIG_FILE, CHECKPOINT_FILE, ITEMS_FILE, USERS_FILE, EVENTS_FILE)
 PREFIX_INPUTS = ("item_ids", "action_ids", "user_feats", "user_row", "pos", "hi", "lo", "valid")
 CANDIDATE_INPUTS = ("keys", "values", "past_pos", "past_hi", "past_lo", "past_valid", "item_ids", "action_ids",
                     "pos", "hi", "lo", "valid", "cand_ids", "cand_pos", "cand_hi", "cand_lo", "last")
@@ -51,22 +56,26 @@ CANDIDATE_INPUTS = ("keys", "values", "past_pos", "past_hi", "past_lo", "past_va
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """Raw <-> dense ids and side information of a dataset, as a server needs them."""
+    """Raw <-> dense ids of a model's data (items, event types, user features) and side information, as a server
+    needs them to speak the catalogue's ids."""
 
-    item_vocab: dict[int | str, int]  # raw item id (an ML-1M title) -> dense id (1..num_items)
-    user_vocab: dict[int, int]  # raw user id -> dense id
+    item_vocab: dict[int | str, int]  # raw item id (an integer, or text: an SKU, an ML-1M title) -> dense id
+    user_vocab: dict[int | str, int]  # raw user id -> dense id
     item_titles: dict[int, str]  # dense item id -> title
     user_features: dict[int, tuple[int, ...]]  # dense user id -> feature ids
     user_feature_names: tuple[str, ...] = ()
+    event_types: tuple[int | str, ...] = ()  # raw event type of each action id; (): one type, no event column
+    user_feature_vocabs: tuple[dict[int | str, int], ...] = ()  # per feature: raw value -> feature id (1..)
+    event_column: str | None = None
+    label_rule: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_interactions(cls, data: Any) -> Vocabulary:
-        """From `data.movielens.Interactions`."""
-        from mindspore_relaygr.data.movielens import USER_FEATURE_NAMES
-
-        names = USER_FEATURE_NAMES if data.user_feature_sizes else ()
+        """From `data.events.Interactions`."""
         return cls(dict(data.item_vocab), dict(data.user_vocab), dict(data.item_titles),
-                   {u: tuple(f) for u, f in data.user_features.items()}, tuple(names))
+                   {u: tuple(f) for u, f in data.user_features.items()}, tuple(data.user_feature_names),
+                   tuple(data.event_types), tuple(dict(v) for v in data.user_feature_vocabs), data.event_column,
+                   dict(data.label_rule))
 
     def items_json(self) -> dict[str, Any]:
         return {"raw_to_dense": {str(k): v for k, v in self.item_vocab.items()},
@@ -75,20 +84,44 @@ class Vocabulary:
     def users_json(self) -> dict[str, Any]:
         return {"raw_to_dense": {str(k): v for k, v in self.user_vocab.items()},
                 "feature_names": list(self.user_feature_names),
+                "feature_values": [{str(k): v for k, v in vocab.items()} for vocab in self.user_feature_vocabs],
                 "features": {str(k): list(v) for k, v in sorted(self.user_features.items())}}
 
+    def events_json(self) -> dict[str, Any]:
+        return {"column": self.event_column, "types": list(self.event_types), "label": self.label_rule}
+
     @classmethod
-    def from_json(cls, items: dict[str, Any], users: dict[str, Any]) -> Vocabulary:
+    def from_json(cls, items: dict[str, Any], users: dict[str, Any], events: dict[str, Any]) -> Vocabulary:
         return cls({_raw_id(k): int(v) for k, v in items["raw_to_dense"].items()},
                    {_raw_id(k): int(v) for k, v in users["raw_to_dense"].items()},
                    {int(k): str(v) for k, v in items["titles"].items()},
                    {int(k): tuple(int(x) for x in v) for k, v in users["features"].items()},
-                   tuple(users["feature_names"]))
+                   tuple(users["feature_names"]), tuple(events["types"]),
+                   tuple({_raw_id(k): int(v) for k, v in vocab.items()} for vocab in users["feature_values"]),
+                   events["column"], dict(events["label"]))
 
 
 def _raw_id(key: str) -> int | str:
-    """A raw id read back from JSON: integers stay integers, tokens (ML-1M's titles) stay strings."""
-    return int(key) if key.lstrip("-").isdigit() else key
+    """A raw id read back from JSON: integers stay integers, text ids (SKUs, ML-1M's titles) stay strings, as the
+    data reader made them (`data.events.canonical`)."""
+    from mindspore_relaygr.data.events import canonical
+
+    value = canonical(key)
+    return value if isinstance(value, str) or str(value) == key else key
+
+
+def bundle_name(data_path: str | None) -> str:
+    """The model-version prefix of a model trained on `data.path`: the bundled dataset's name without its hyphens
+    ("ml-1m" -> "ml1m"; null: ML-100K), else the file's stem (a directory's name), as [A-Za-z0-9_.-] only."""
+    from mindspore_relaygr.data.movielens import BUNDLED
+
+    if data_path is None or data_path in BUNDLED:
+        return (data_path or "ml-100k").replace("-", "")
+    path = Path(data_path)
+    stem = path.name if path.is_dir() else path.stem
+    if stem in ("u", "ratings") and not path.is_dir():  # MovieLens' u.data, ratings.dat: the directory names it
+        stem = path.resolve().parent.name
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("_.-") or "model"
 
 
 def sha256_file(path: str | Path) -> str:
@@ -231,7 +264,8 @@ def export_bundle(model: Any, config: RelayGRConfig, vocab: Vocabulary, out_dir:
         resolved = dataclasses.replace(config, model=dataclasses.replace(config.model, version=version))
         save_config(resolved, tmp / CONFIG_FILE)
         (tmp / ITEMS_FILE).write_text(json.dumps(vocab.items_json(), ensure_ascii=False) + "\n", encoding="utf-8")
-        (tmp / USERS_FILE).write_text(json.dumps(vocab.users_json()) + "\n", encoding="utf-8")
+        (tmp / USERS_FILE).write_text(json.dumps(vocab.users_json(), ensure_ascii=False) + "\n", encoding="utf-8")
+        (tmp / EVENTS_FILE).write_text(json.dumps(vocab.events_json(), ensure_ascii=False) + "\n", encoding="utf-8")
         graphs = export_mindir(model, resolved, tmp, all_buckets)
         _write_manifest(tmp, version, graphs)
         publish_modes(tmp)
@@ -326,7 +360,7 @@ def load_bundle(path: str | Path, overrides: list[str] | None = None) -> tuple[R
 def load_vocabulary(path: str | Path) -> Vocabulary:
     """The item/user vocabularies of a bundle (call `verify_bundle` first; `load_bundle` does)."""
     root = Path(path)
-    return Vocabulary.from_json(_read_json(root, ITEMS_FILE), _read_json(root, USERS_FILE))
+    return Vocabulary.from_json(*(_read_json(root, name) for name in (ITEMS_FILE, USERS_FILE, EVENTS_FILE)))
 
 
 # ---------------------------------------------------------------- MindIR load check

@@ -95,7 +95,8 @@ def rank() -> Response:
         "scores": result.scores.tolist(),  # [num candidates][num tasks], request order
         "tasks": st.config.model.task_names,
         "ranking": ranking,  # candidate indices, best first
-        "ranked_item_ids": [req.candidate_ids[i] for i in ranking],
+        "ranked_item_ids": [req.shown_candidates[i] for i in ranking],  # in the request's id space
+        "id_space": req.id_space,
         "cache": result.cache,
         "truncated": bool(result.truncated),
         "ranked_events": int(result.ranked_events),  # the most recent events the scores saw
@@ -201,6 +202,8 @@ def stats() -> Response:
         "model_version": engine.model_version if engine is not None else None,
         "engine": engine.stats().to_dict() if serving else None,
         "admission": st.admission.snapshot().to_dict() if st.admission is not None else None,
+        "id_space": st.limits.default_id_space,  # of requests without an id_space field
+        "catalogue": st.limits.catalogue.describe() if st.limits.catalogue is not None else None,
         "ranks_without_affinity": st.metrics.ranks_without_affinity,
     })
 

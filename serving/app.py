@@ -18,6 +18,7 @@ from mindspore_relaygr.errors import ConfigError
 from mindspore_relaygr.relay.admission import AdmissionControl
 from mindspore_relaygr.relay.router import NginxConsistentHash
 from serving import api
+from serving.catalogue import Catalogue
 from serving.early_refusal import EarlyRefusal, refusal_pacer
 from serving.engine_holder import Engine, EngineHolder
 from serving.errors import register_error_handler
@@ -67,8 +68,10 @@ def bundle_engine_factory(bundle_dir: str, overrides: list[str]) -> EngineFactor
 
 
 def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None,
-               engine_factory: EngineFactory | None = None, settings: ServingConfig | None = None) -> Flask:
-    """Build the app. With neither `engine` nor `engine_factory`, the RelayEngine is built lazily.
+               engine_factory: EngineFactory | None = None, settings: ServingConfig | None = None,
+               catalogue: Catalogue | None = None) -> Flask:
+    """Build the app. With neither `engine` nor `engine_factory`, the RelayEngine is built lazily. With a
+    `catalogue` (a bundle's vocabularies), requests speak the catalogue's raw ids by default.
 
     The engine is never built here: `EngineHolder.start()` (gunicorn's post_fork hook, or the first
     request) builds it in a background thread of the process that serves.
@@ -88,7 +91,7 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
     app = Flask("relaygr")
     app.json = _JSONProvider(app)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_content_length
-    app.extensions["relaygr"] = state = AppState(config, settings, Limits.from_config(config), holder,
+    app.extensions["relaygr"] = state = AppState(config, settings, Limits.from_config(config, catalogue), holder,
                                          ServingMetrics(holder, instance_id), instance_id,
                                          admission_control(config, settings), upstream_ring(settings),
                                          threading.BoundedSemaphore(settings.parse_slots))
@@ -147,4 +150,9 @@ def create_app_from_env() -> Flask:
         factory = bundle_engine_factory(os.environ[ENV_BUNDLE], json.loads(os.environ.get(ENV_OVERRIDES) or "[]"))
     else:
         factory = None
-    return create_app(config, engine_factory=factory, settings=settings)
+    catalogue = None
+    if os.environ.get(ENV_BUNDLE):  # verified with its config by load_from_env
+        from mindspore_relaygr.export import load_vocabulary
+
+        catalogue = Catalogue.from_vocabulary(load_vocabulary(os.environ[ENV_BUNDLE]))
+    return create_app(config, engine_factory=factory, settings=settings, catalogue=catalogue)

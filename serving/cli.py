@@ -16,15 +16,15 @@ import os
 import sys
 from pathlib import Path
 
-from mindspore_relaygr.config import RelayGRConfig, load_config
+from mindspore_relaygr.config import RelayGRConfig, ServingConfig, load_config
 from mindspore_relaygr.errors import RelayGRError
-from mindspore_relaygr.shipped_configs import shipped_config
+from mindspore_relaygr.shipped_configs import config_arg, config_help
 
 logger = logging.getLogger(__name__)
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=str(shipped_config("tiny.yaml")), help="YAML config file")
+    parser.add_argument("--config", type=config_arg, default="tiny", help=config_help())
     parser.add_argument("--bundle", default=None, help="serve a bundle from `relaygr export` (its config and "
                                                         "weights; replaces --config)")
     parser.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -67,23 +67,8 @@ def register(subparsers: argparse._SubParsersAction, bench_subparsers: argparse.
     cluster.add_argument("--stop", action="store_true",
                          help="stop the cluster on --port (or the one recorded in --run-dir) and exit")
     cluster.add_argument("--detach", action="store_true", help="return once ready; stop later with --stop")
-    cluster.add_argument("--max-fails", type=int, default=0,
-                         help="nginx max_fails of every server (0: never eject; an overload 503 counts as a failure)")
-    cluster.add_argument("--fail-timeout", type=float, default=5.0, help="nginx fail_timeout (s)")
-    cluster.add_argument("--read-timeout", type=float, default=30.0, help="nginx proxy_read_timeout (s)")
-    cluster.add_argument("--client-conns", type=int, default=4096,
-                         help="client connections nginx is sized for (worker_connections and its open-file limit "
-                              "add the connections to the instances)")
-    cluster.add_argument("--conns-per-client", type=int, default=1024,
-                         help="requests one client address may have in progress through nginx (429 past it)")
-    cluster.add_argument("--client-timeout", type=float, default=10.0,
-                         help="nginx client header, body and send timeout (s): a client silent this long is dropped")
+    _add_nginx_args(cluster)
     cluster.add_argument("--ready-timeout", type=float, default=900.0, help="max wait for the instances (s)")
-    cluster.add_argument("--nginx", default=None, help="nginx binary (default PATH, then /usr/sbin/nginx)")
-    cluster.add_argument("--balance", choices=("affinity", "random"), default="affinity",
-                         help="affinity: consistent hash on the X-RelayGR-Affinity header (a user's pre-infer and "
-                              "rank meet on one instance); random: a random instance per request (no-affinity "
-                              "ablation)")
     cluster.add_argument("--device-ids", type=_device_ids, default=None, metavar="ID,ID,...",
                          help="context.device_id of each instance, one per instance (default: instance k on device "
                               "context.device_id + k on Ascend or GPU; on CPU every instance shares the host)")
@@ -91,6 +76,42 @@ def register(subparsers: argparse._SubParsersAction, bench_subparsers: argparse.
                          help="one core per instance (instance k on core k mod cores, one MindSpore thread), as "
                               "one device per instance: a saturated instance cannot slow the others")
     cluster.set_defaults(func=cmd_cluster)
+
+    ngx = subparsers.add_parser("nginx-config", help="write the nginx configuration of `relaygr cluster` for "
+                                                     "instances on other machines, and what each must be told")
+    ngx.add_argument("--upstream", nargs="+", required=True, metavar="HOST:PORT",
+                     help="every instance, as nginx reaches it (and as it binds: --host HOST --port PORT)")
+    ngx.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="where nginx listens")
+    ngx.add_argument("--run-dir", default=None,
+                     help="nginx's prefix: the config, pid file, logs and temp dirs (default outputs/nginx-PORT)")
+    ngx.add_argument("--max-conns", type=int, default=ServingConfig.threads,
+                     help="connections nginx opens to one instance at most: the instances' serving.threads")
+    ngx.add_argument("--max-body", type=int, default=ServingConfig.max_content_length,
+                     help="client_max_body_size: the instances' serving.max_content_length (bytes)")
+    ngx.add_argument("--serve-args", default="--bundle BUNDLE",
+                     help="what the printed instance commands serve (e.g. '--bundle /srv/relaygr/bundle')")
+    _add_nginx_args(ngx)
+    ngx.set_defaults(func=cmd_nginx_config)
+
+
+def _add_nginx_args(parser: argparse.ArgumentParser) -> None:
+    """nginx's options, the same for `relaygr cluster` and `relaygr nginx-config`."""
+    parser.add_argument("--max-fails", type=int, default=0,
+                        help="nginx max_fails of every server (0: never eject; an overload 503 counts as a failure)")
+    parser.add_argument("--fail-timeout", type=float, default=5.0, help="nginx fail_timeout (s)")
+    parser.add_argument("--read-timeout", type=float, default=30.0, help="nginx proxy_read_timeout (s)")
+    parser.add_argument("--client-conns", type=int, default=4096,
+                        help="client connections nginx is sized for (worker_connections and its open-file limit "
+                             "add the connections to the instances)")
+    parser.add_argument("--conns-per-client", type=int, default=1024,
+                        help="requests one client address may have in progress through nginx (429 past it)")
+    parser.add_argument("--client-timeout", type=float, default=10.0,
+                        help="nginx client header, body and send timeout (s): a client silent this long is dropped")
+    parser.add_argument("--nginx", default=None, help="nginx binary (default PATH, then /usr/sbin/nginx)")
+    parser.add_argument("--balance", choices=("affinity", "random"), default="affinity",
+                        help="affinity: consistent hash on the X-RelayGR-Affinity header (a user's pre-infer and "
+                             "rank meet on one instance); random: a random instance per request (no-affinity "
+                             "ablation)")
 
 
 def _device_ids(text: str) -> tuple[int, ...]:
@@ -105,12 +126,15 @@ def _device_ids(text: str) -> tuple[int, ...]:
 
 
 def _load(args: argparse.Namespace) -> RelayGRConfig:
-    """The config of --bundle (verified) or of --config, with the -o overrides."""
+    """The config of --bundle (verified) or of --config, with the -o overrides; a config whose vocabulary sizes
+    are still null (from the data: train first, then serve its bundle) is refused here, not in the worker."""
     if args.bundle:
         from mindspore_relaygr.export import load_bundle_config
 
         return load_bundle_config(args.bundle, args.override)
-    return load_config(args.config, args.override)
+    config = load_config(args.config, args.override)
+    config.model.require_sizes()
+    return config
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -199,6 +223,38 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         finally:
             if not detached:
                 cluster.stop()
+
+
+def cmd_nginx_config(args: argparse.Namespace) -> int:
+    """Write nginx.conf (serving/nginx.conf.template, as `relaygr cluster` renders it) for `--upstream` instances
+    started elsewhere, check it with `nginx -t` when nginx is here, and print what each instance must run."""
+    from serving.cluster import ClusterSpec, find_nginx, instance_commands, parse_host_port, write_nginx_conf
+    from serving.settings import ENV_ADMIN_TOKEN, is_loopback
+
+    host, port = parse_host_port(args.listen)
+    run_dir = Path(args.run_dir or f"outputs/nginx-{port}").resolve()
+    spec = ClusterSpec(port=port, num_instances=len(args.upstream), run_dir=run_dir, host=host,
+                       max_fails=args.max_fails, fail_timeout_s=args.fail_timeout, read_timeout_s=args.read_timeout,
+                       max_body_bytes=args.max_body, max_conns=args.max_conns, max_client_conns=args.client_conns,
+                       conns_per_client=args.conns_per_client, client_timeout_s=args.client_timeout,
+                       nginx_bin=args.nginx, balance=args.balance, upstreams=tuple(args.upstream))
+    try:
+        nginx = find_nginx(args.nginx)
+    except RelayGRError:
+        nginx = None
+    conf = write_nginx_conf(spec, nginx)
+    checked = "checked with nginx -t" if nginx else "not checked: no nginx here"
+    print(f"wrote {conf} ({checked}); start nginx with:\n  nginx -p {run_dir} -c {conf}   # stays in the "
+          f"foreground (daemon off): run it under systemd or a supervisor; stop it with SIGQUIT (graceful)")
+    print("each instance, on its machine, binding the address nginx names it by and told the upstream list:")
+    for command in instance_commands(spec, args.serve_args):
+        print(f"  {command}")
+    if args.balance != "affinity":
+        print("(--balance random: leave out serving.upstream_servers; nginx does not route by the affinity hash)")
+    if not all(is_loopback(parse_host_port(s)[0]) for s in spec.servers):
+        print(f"instances off loopback need an admin token: export {ENV_ADMIN_TOKEN}=... on each "
+              f"(docs/serving.md, \"Admin token\")")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

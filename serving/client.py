@@ -5,6 +5,10 @@
     client.preinfer("u1", prefix_history, num_candidates=101)
     result = client.rank("u1", history, candidate_ids, top_k=10)
 
+Ids go as given: the catalogue's raw ids (strings or integers: item ids, event types as `action_ids`, user-feature
+values) to an instance serving a bundle, dense integer ids to one serving a config; `id_space="dense"` (per client
+or per call) sends dense ids to a bundle's instance (see docs/serving.md, "Ids").
+
 Every call sends the user id in the body and in the affinity header (percent-encoded UTF-8, see
 `serving.headers.encode_affinity`; any Unicode id works), so a load balancer hashing on the header
 routes the pre-infer and the rank of one user to the same instance.
@@ -42,22 +46,34 @@ class Timed:
     instance: str | None
 
 
-def _history_json(history: Mapping[str, Any] | Any) -> dict[str, list[int]]:
-    """A JSON history from a dict of id lists or a `History` (arrays as attributes)."""
+def _json_id(value: Any) -> int | str | None:
+    """An id as JSON: text stays text, integers (numpy's too) become ints, None stays null (an unknown feature)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"an id must be a string or an integer, got {value!r}")
+    return int(value)
+
+
+def _history_json(history: Mapping[str, Any] | Any) -> dict[str, list[Any]]:
+    """A JSON history from a dict of id lists or a `History` (arrays as attributes); `action_ids` may be absent
+    (a model trained without event types, raw ids)."""
     get = history.get if isinstance(history, Mapping) else lambda k: getattr(history, k, None)
-    out = {k: [int(x) for x in get(k)] for k in ("item_ids", "action_ids", "timestamps")}
+    out = {k: [_json_id(x) for x in get(k)] for k in ("item_ids", "action_ids", "timestamps") if get(k) is not None}
     feats = get("user_features")
     if feats is not None:
-        out["user_features"] = [int(x) for x in feats]
+        out["user_features"] = [_json_id(x) for x in feats]
     return out
 
 
 class RelayGRClient:
     """preinfer / rank / readiness against one base URL (an instance, or nginx in front of several)."""
 
-    def __init__(self, base_url: str, timeout_s: float = 120.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 120.0, id_space: str | None = None) -> None:
+        """`id_space`: "raw" or "dense" on every call (None: the instance's default, raw for a bundle)."""
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.id_space = id_space
         self.session = requests.Session()
         self.session.trust_env = False  # never send 127.0.0.1 traffic through an HTTP proxy
 
@@ -105,18 +121,26 @@ class RelayGRClient:
                 last_report = now
             time.sleep(poll_s)
 
-    def preinfer(self, user_id: str, history: Mapping[str, Any] | Any, num_candidates: int | None = None) -> Timed:
+    def _with_space(self, body: dict[str, Any], id_space: str | None) -> dict[str, Any]:
+        space = id_space or self.id_space
+        if space is not None:
+            body["id_space"] = space
+        return body
+
+    def preinfer(self, user_id: str, history: Mapping[str, Any] | Any, num_candidates: int | None = None,
+                 id_space: str | None = None) -> Timed:
         """POST /v1/preinfer: ask the instance to relay this prefix (answers 202 at once)."""
         body: dict[str, Any] = {"user_id": user_id, "history": _history_json(history)}
         if num_candidates is not None:
             body["num_candidates"] = int(num_candidates)
-        return self._call("POST", "/v1/preinfer", body, user_id)
+        return self._call("POST", "/v1/preinfer", self._with_space(body, id_space), user_id)
 
-    def rank(self, user_id: str, history: Mapping[str, Any] | Any, candidate_ids: Sequence[int],
-             top_k: int | None = None) -> Timed:
-        """POST /v1/rank: scores (request order), ranking, cache tier, server timings."""
+    def rank(self, user_id: str, history: Mapping[str, Any] | Any, candidate_ids: Sequence[int | str],
+             top_k: int | None = None, id_space: str | None = None) -> Timed:
+        """POST /v1/rank: scores (request order), ranking, ranked_item_ids (in the ids sent), cache tier, server
+        timings."""
         body: dict[str, Any] = {"user_id": user_id, "history": _history_json(history),
-                                "candidates": {"item_ids": [int(x) for x in candidate_ids]}}
+                                "candidates": {"item_ids": [_json_id(x) for x in candidate_ids]}}
         if top_k is not None:
             body["top_k"] = int(top_k)
-        return self._call("POST", "/v1/rank", body, user_id, ok=(200,))
+        return self._call("POST", "/v1/rank", self._with_space(body, id_space), user_id, ok=(200,))

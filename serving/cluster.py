@@ -84,13 +84,21 @@ class ClusterSpec:
     # context.device_id of each instance (None: the config's, shared by every instance, as on CPU).
     # `relaygr cluster` gives instance k device k on a device target (default_device_ids).
     device_ids: tuple[int, ...] | None = None
+    # Instances started elsewhere (`relaygr nginx-config`: other machines), as HOST:PORT; (): this cluster's own
+    # instances on host, port+1..port+N.
+    upstreams: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.upstreams:
+            if len(self.upstreams) != self.num_instances or len(set(self.upstreams)) != len(self.upstreams):
+                raise ClusterError(f"upstreams {list(self.upstreams)}: give {self.num_instances} distinct HOST:PORT")
+            for server in self.upstreams:
+                parse_host_port(server)
         if self.balance not in BALANCES:
             raise ClusterError(f"balance={self.balance!r}: must be one of {BALANCES}")
         if self.num_instances < 1:
             raise ClusterError(f"num_instances={self.num_instances}: must be >= 1")
-        if not 0 < self.port < 65536 - self.num_instances:
+        if not 0 < self.port < 65536 - (0 if self.upstreams else self.num_instances):
             raise ClusterError(f"port={self.port}: ports port..port+{self.num_instances} must be valid")
         if self.max_fails < 0 or self.fail_timeout_s <= 0 or self.read_timeout_s <= 0 or self.max_conns < 1:
             raise ClusterError("max_fails must be >= 0, fail_timeout_s and read_timeout_s > 0, max_conns >= 1")
@@ -113,8 +121,9 @@ class ClusterSpec:
 
     @property
     def servers(self) -> list[str]:
-        """Upstream servers exactly as written in nginx.conf (what nginx hashes)."""
-        return [f"{self.host}:{p}" for p in self.instance_ports]
+        """Upstream servers exactly as written in nginx.conf (what nginx hashes, what each instance must be told in
+        serving.upstream_servers)."""
+        return list(self.upstreams) or [f"{self.host}:{p}" for p in self.instance_ports]
 
     @property
     def upstream_keepalive(self) -> int:
@@ -141,6 +150,26 @@ class ClusterSpec:
     def ring(self) -> NginxConsistentHash:
         """The Python port of nginx's choice for this cluster's upstream block."""
         return NginxConsistentHash(self.servers)
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """"10.0.0.2:8081" (or "[::1]:8081", "node1:8081") -> (host, port); ClusterError otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in text):
+        raise ClusterError(f"{text!r}: expected HOST:PORT, e.g. 10.0.0.2:8081")
+    return host, int(port)
+
+
+def instance_commands(spec: ClusterSpec, serve_args: str = "--bundle BUNDLE") -> list[str]:
+    """The `relaygr serve` command line each upstream instance of `spec` must run: it binds the address nginx
+    names it by and knows the upstream list (serving.upstream_servers), for last-try admission."""
+    servers = json.dumps(spec.servers, separators=(",", ":"))
+    out = []
+    for k, server in enumerate(spec.servers):
+        host, port = parse_host_port(server)
+        out.append(f"relaygr serve {serve_args} --host {host} --port {port} --instance-id i{k} "
+                   f"-o 'serving.upstream_servers={servers}'")
+    return out
 
 
 def default_device_ids(context: ContextConfig, num_instances: int) -> tuple[int, ...] | None:
@@ -204,6 +233,23 @@ def render_nginx_conf(spec: ClusterSpec, template: Path = TEMPLATE) -> str:
     if used != set(values):
         raise ClusterError(f"template {template}: placeholders {sorted(used)} != provided {sorted(values)}")
     return re.sub(r"@([A-Z_]+)@", lambda m: values[m.group(1)], text)
+
+
+def write_nginx_conf(spec: ClusterSpec, nginx: str | None) -> Path:
+    """Render `spec`'s nginx.conf into its run directory (with the logs/ and tmp/ it names) and, with an `nginx`
+    binary, check it with `nginx -t`; returns the file."""
+    run_dir = spec.run_dir.resolve()
+    for sub in ("logs", "tmp"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    conf = run_dir / "nginx.conf"
+    conf.write_text(render_nginx_conf(spec))
+    if nginx is not None:
+        error_log = str(run_dir / "logs" / "nginx-error.log")
+        check = subprocess.run([nginx, "-t", "-q", "-p", str(run_dir), "-c", str(conf), "-e", error_log],
+                               capture_output=True, text=True, timeout=30)
+        if check.returncode != 0:
+            raise ClusterError(f"nginx -t rejected {conf}:\n{check.stderr.strip()}")
+    return conf
 
 
 @dataclass
@@ -330,14 +376,8 @@ class Cluster:
         """Render nginx.conf for `spec` and check it with `nginx -t`; returns (nginx, conf, error log)."""
         nginx = find_nginx(spec.nginx_bin)
         check_file_limit(spec)
-        conf = self.run_dir / "nginx.conf"
-        conf.write_text(render_nginx_conf(spec))
-        error_log = str(self.run_dir / "logs" / "nginx-error.log")
-        check = subprocess.run([nginx, "-t", "-q", "-p", str(self.run_dir), "-c", str(conf), "-e", error_log],
-                               capture_output=True, text=True, timeout=30)
-        if check.returncode != 0:
-            raise ClusterError(f"nginx -t rejected {conf}:\n{check.stderr.strip()}")
-        return nginx, conf, error_log
+        conf = write_nginx_conf(spec, nginx)
+        return nginx, conf, str(self.run_dir / "logs" / "nginx-error.log")
 
     def set_balance(self, balance: str, timeout_s: float = 30.0) -> None:
         """Switch the running nginx to another balancing method, keeping the instances (and their

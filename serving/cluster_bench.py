@@ -47,7 +47,7 @@ from mindspore_relaygr.bench.tailstats import compliant_value, complies
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig, load_config, save_config
 from mindspore_relaygr.errors import ConfigError
-from mindspore_relaygr.shipped_configs import shipped_config
+from mindspore_relaygr.shipped_configs import config_arg, config_help
 from serving.http_target import HTTPTarget
 
 Progress = Callable[[str], None]
@@ -373,9 +373,9 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------- command line
-def add_instance_config_args(p: argparse.ArgumentParser, default_config: Path) -> None:
-    """--config and -o of a benchmark that starts its own instances."""
-    p.add_argument("--config", default=str(default_config), help="YAML config of the instances")
+def add_instance_config_args(p: argparse.ArgumentParser, default_config: str) -> None:
+    """--config and -o of a benchmark that starts its own instances (`default_config`: a shipped config's name)."""
+    p.add_argument("--config", type=config_arg, default=default_config, help=config_help(" (the instances')"))
     p.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config value of every instance (repeatable), e.g. -o context.num_threads=1")
 
@@ -384,7 +384,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     """Add `relaygr bench cluster` to the `relaygr bench` subcommands."""
     p = bench_subparsers.add_parser("cluster", help="open-loop load on N HTTP instances behind nginx: baseline, "
                                                     "relay and relay without affinity (random instance)")
-    add_instance_config_args(p, shipped_config("bench_long.yaml"))
+    add_instance_config_args(p, "bench_long")
     p.add_argument("--instances", type=int, default=2, help="instances per cluster")
     p.add_argument("--loads", type=float, nargs="+", default=[1.0, 2.0, 3.0, 4.0], help="offered QPS levels")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))

@@ -7,7 +7,8 @@ unseen movies as `relaygr eval`. It pre-infers the history minus its last `--suf
 long-term prefix, known at retrieval time), waits `--gap-ms` (what retrieval and pre-ranking take
 in a cascade), then ranks with the whole history (the suffix = events
 that arrived since), prints the top movies with titles, the cache tier that served the rank and
-the timings. For contrast, a second user is ranked without a pre-infer (computed in full).
+the timings. For contrast, a second user is ranked without a pre-infer (computed in full). Requests carry the
+catalogue's raw ids (ML-1M's item ids are movie titles), as a caller's would.
 """
 
 from __future__ import annotations
@@ -63,16 +64,32 @@ def _print_top(rank: Timed, candidate_ids: np.ndarray, target: int, titles: dict
           f"#{target_pos} of {len(candidate_ids)}")
 
 
+def raw_history(history: Any, vocab: Any) -> dict[str, list]:
+    """A dense `History` in the catalogue's raw ids: item ids, event types, user-feature values (None: unknown)."""
+    items = {d: r for r, d in vocab.item_vocab.items()}
+    out: dict[str, list] = {"item_ids": [items[int(i)] for i in history.item_ids],
+                            "timestamps": [int(t) for t in history.timestamps]}
+    if vocab.event_types:
+        out["action_ids"] = [vocab.event_types[int(a)] for a in history.action_ids]
+    if history.user_features is not None and vocab.user_feature_vocabs:
+        values = [{i: r for r, i in v.items()} for v in vocab.user_feature_vocabs]
+        out["user_features"] = [v.get(int(f)) for v, f in zip(values, history.user_features, strict=True)]
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
-    from mindspore_relaygr.data.movielens import load_movielens
+    import dataclasses
+
     from mindspore_relaygr.export import load_bundle_config, load_vocabulary
     from mindspore_relaygr.train.dataset import prepare_data
 
     config = load_bundle_config(args.bundle)
+    if args.data:
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, path=args.data))
     vocab = load_vocabulary(args.bundle)
     dataset = config.data.path or "ml-100k"
-    _say(f"loading MovieLens ({dataset}) and the test split")
-    data = prepare_data(config, load_movielens(args.data or config.data.path))
+    _say(f"loading the data ({dataset}) and the test split")
+    data = prepare_data(config)
     examples = data.eval_set("test")
     user, other = _pick_users(examples, args.user, vocab.user_vocab)
     raw_of = {d: r for r, d in vocab.user_vocab.items()}
@@ -87,17 +104,19 @@ def run(args: argparse.Namespace) -> int:
         user_id = f"{Path(dataset).name}-user-{raw_of[user.user_id]}"
         print(f"\nuser {raw_of[user.user_id]}: {n} rated movies before the held-out one; "
               f"pre-infer the first {n - suffix}, rank with all {n} against {len(cands)} candidates")
-        pre = client.preinfer(user_id, hist.slice(0, n - suffix), num_candidates=len(cands))
+        items = {d: r for r, d in vocab.item_vocab.items()}
+        raw_cands = [items[int(c)] for c in cands]
+        pre = client.preinfer(user_id, raw_history(hist.slice(0, n - suffix), vocab), num_candidates=len(cands))
         print(f"pre-infer: admitted={pre.body['admitted']} ({pre.body['reason']}), predicted full inference "
               f"{pre.body['predicted_full_ms']:.1f} ms, instance {pre.body['instance']}, "
               f"answered in {pre.client_ms:.1f} ms")
         time.sleep(args.gap_ms / 1e3)  # retrieval and pre-ranking run before the ranking request comes
-        rank = client.rank(user_id, hist, cands)  # the full ranking: where did the held-out movie land?
+        rank = client.rank(user_id, raw_history(hist, vocab), raw_cands)  # where did the held-out movie land?
         print(f"rank: cache tier '{rank.body['cache']}', {_timings(rank)}\n")
         _print_top(rank, cands, user.target_id, vocab.item_titles, args.top_k)
 
         other_id = f"{Path(dataset).name}-user-{raw_of[other.user_id]}"
-        cold = client.rank(other_id, other.history, other.candidate_ids)
+        cold = client.rank(other_id, raw_history(other.history, vocab), [items[int(c)] for c in other.candidate_ids])
         print(f"\ncontrast: user {raw_of[other.user_id]} ({len(other.history)} movies) ranked without a "
               f"pre-infer: cache tier '{cold.body['cache']}', {_timings(cold)}")
     finally:
@@ -111,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bundle", required=True, help="the bundle the server runs (`relaygr export`)")
     parser.add_argument("--url", default="http://127.0.0.1:8080")
     parser.add_argument("--user", type=int, default=None, help="raw MovieLens user id (default: longest history)")
-    parser.add_argument("--data", default=None, help="MovieLens path (default: the bundle config's data.path)")
+    parser.add_argument("--data", default=None, help="the data's path (default: the bundle config's data.path)")
     parser.add_argument("--suffix", type=int, default=8, help="events that arrive between pre-infer and rank")
     parser.add_argument("--gap-ms", type=float, default=100.0, help="retrieval -> ranking gap before the rank")
     parser.add_argument("--top-k", type=int, default=10)

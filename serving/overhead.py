@@ -31,6 +31,7 @@ import numpy as np
 
 from mindspore_relaygr.cli import positive_int
 from mindspore_relaygr.config import RelayGRConfig, load_config
+from mindspore_relaygr.shipped_configs import config_arg, config_help
 from serving import headers
 
 USER = "overhead-user"
@@ -221,7 +222,7 @@ def format_table(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving.overhead", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/bench_long.yaml")
+    parser.add_argument("--config", type=config_arg, default="bench_long", help=config_help())
     parser.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--prefix-len", type=int, default=1024)
     parser.add_argument("--suffix", type=int, default=32)

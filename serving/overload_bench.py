@@ -39,7 +39,6 @@ from mindspore_relaygr.bench.loadgen import Outcome, percentile, run_open_loop
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig, load_config, save_config
 from mindspore_relaygr.errors import ConfigError
-from mindspore_relaygr.shipped_configs import shipped_config
 from serving.cluster_bench import HOST, add_instance_config_args, at_load, check_workload, free_port_block
 from serving.headers import encode_affinity
 from serving.http_target import HTTPTarget, user_id
@@ -324,7 +323,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     """Add `relaygr bench overload` to the `relaygr bench` subcommands."""
     p = bench_subparsers.add_parser("overload", help="goodput, 503s and tail latency of one instance from 0.5x to "
                                                      "3x its saturating throughput, and forwarding behind nginx")
-    add_instance_config_args(p, shipped_config("tiny.yaml"))
+    add_instance_config_args(p, "tiny")
     p.add_argument("--multiples", type=float, nargs="+", default=list(DEFAULT_MULTIPLES),
                    help="offered loads as multiples of the saturating throughput")
     p.add_argument("--ranks", type=int, default=1500, help="ranks per load point (>= 1000 for a P99)")

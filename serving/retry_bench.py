@@ -25,7 +25,6 @@ from mindspore_relaygr.bench.loadgen import percentile
 from mindspore_relaygr.bench.workload import Request, Workload
 from mindspore_relaygr.config import load_config, save_config
 from mindspore_relaygr.errors import ConfigError
-from mindspore_relaygr.shipped_configs import shipped_config
 from serving.cluster_bench import HOST, add_instance_config_args, free_port_block
 from serving.http_target import HTTPTarget
 from serving.overload_bench import admission_view, rank_workload
@@ -201,7 +200,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     """Add `relaygr bench retry` to the `relaygr bench` subcommands."""
     p = bench_subparsers.add_parser("retry", help="goodput, latency and refusals of one instance under clients that "
                                                   "resend a refused rank at once (wrk-like), per connection count")
-    add_instance_config_args(p, shipped_config("tiny.yaml"))
+    add_instance_config_args(p, "tiny")
     p.add_argument("--connections", type=int, nargs="+", default=list(DEFAULT_CONNECTIONS),
                    help="closed-loop connections, one run each")
     p.add_argument("--seconds", type=float, default=20.0, help="length of each run (s)")

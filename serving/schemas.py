@@ -1,8 +1,10 @@
 """Strict validation of request bodies: JSON types, required and unknown fields, id ranges, lengths.
 
 Every problem raises `InvalidRequest(field, message)` before the engine is called, so a bad
-request can never reach (or change) any user's cache entry. Ids must be JSON integers (not
-floats, not booleans); NaN/Infinity literals are rejected while parsing.
+request can never reach (or change) any user's cache entry. Dense ids must be JSON integers (not
+floats, not booleans); raw ids (`id_space: "raw"`, the default of an instance serving a bundle) are
+strings or integers mapped by the bundle's vocabularies (`serving.catalogue`). NaN/Infinity literals
+are rejected while parsing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.errors import InvalidRequest
 from mindspore_relaygr.model.inputs import HISTORY_FIELDS, MAX_ABS_TIMESTAMP, check_chronological
 from serving import headers
+from serving.catalogue import ID_SPACES, Catalogue
 
 MAX_USER_ID_LEN = 256  # characters (code points), not bytes
 # C0/C1 controls and DEL (category Cc), and lone surrogates, which have no UTF-8 form for the header.
@@ -38,28 +41,43 @@ class Limits:
     max_history_len: int  # events (the user token is extra)
     min_history_len: int  # 1 without a user token: the model needs at least one token
     max_candidates: int
+    catalogue: Catalogue | None = None  # the raw ids of a served bundle; None: dense ids only
 
     @classmethod
-    def from_config(cls, config: RelayGRConfig) -> Limits:
+    def from_config(cls, config: RelayGRConfig, catalogue: Catalogue | None = None) -> Limits:
         m = config.model
+        m.require_sizes()
         user_tokens = 1 if m.user_feature_sizes else 0
         return cls(m.num_items, m.num_actions, tuple(m.user_feature_sizes), m.max_seq_len - user_tokens,
-                   1 - user_tokens, m.max_candidates)
+                   1 - user_tokens, m.max_candidates, catalogue)
+
+    @property
+    def default_id_space(self) -> str:
+        """raw when the instance has its bundle's vocabularies, else dense."""
+        return "dense" if self.catalogue is None else "raw"
 
 
 @dataclass(frozen=True)
 class PreinferRequest:
     user_id: str
-    history: dict[str, list[int]]
+    history: dict[str, list[int]]  # dense ids
     num_candidates: int | None
+    id_space: str = "dense"
 
 
 @dataclass(frozen=True)
 class RankRequest:
     user_id: str
-    history: dict[str, list[int]]
-    candidate_ids: list[int]
+    history: dict[str, list[int]]  # dense ids
+    candidate_ids: list[int]  # dense ids
     top_k: int | None
+    id_space: str = "dense"
+    raw_candidates: list[int | str] | None = None  # the request's candidate ids (raw id space)
+
+    @property
+    def shown_candidates(self) -> list[int | str]:
+        """The candidates in the request's id space (what `ranked_item_ids` answers in)."""
+        return self.candidate_ids if self.raw_candidates is None else self.raw_candidates
 
 
 def _reject_constant(name: str) -> Any:
@@ -164,10 +182,32 @@ def parse_user_id(body: dict[str, Any], affinity: str | None) -> str:
     return user_id
 
 
-def parse_history(value: Any, limits: Limits, name: str = "history") -> dict[str, list[int]]:
-    """{item_ids, action_ids, timestamps, user_features?} with equal lengths, ids in range, oldest event first."""
-    obj = _object(value, name, HISTORY_FIELDS, ("user_features",))
+def parse_id_space(body: dict[str, Any], limits: Limits) -> str:
+    """The body's `id_space` ("raw" | "dense"; default: raw with a bundle's vocabularies, else dense)."""
+    space = body.get("id_space", limits.default_id_space)
+    if space not in ID_SPACES:
+        raise InvalidRequest("id_space", f"must be one of {list(ID_SPACES)}, got {_shown(repr(space))}")
+    if space == "raw" and limits.catalogue is None:
+        raise InvalidRequest("id_space", "raw ids need the vocabularies of a bundle: this instance serves a config "
+                                         "(relaygr serve --bundle DIR serves the catalogue's ids); send dense ids")
+    return space
+
+
+def parse_history(value: Any, limits: Limits, name: str = "history", id_space: str = "dense") -> dict[str, list[int]]:
+    """{item_ids, action_ids, timestamps, user_features?} with equal lengths, ids in range, oldest event first;
+    raw ids (`id_space` "raw") are mapped to dense ones by the catalogue first."""
+    cat = limits.catalogue if id_space == "raw" else None
+    no_events = cat is not None and cat.events is None
+    required = [f for f in HISTORY_FIELDS if not (no_events and f == "action_ids")]
+    obj = _object(value, name, required, ("user_features", *(("action_ids",) if no_events else ())))
     n = limits.max_history_len
+    if cat is not None:
+        obj = dict(obj)
+        obj["item_ids"] = cat.item_ids(obj["item_ids"], f"{name}.item_ids", n)
+        count = len(obj["item_ids"])
+        obj["action_ids"] = cat.action_ids(obj.get("action_ids"), f"{name}.action_ids", n, count)
+        if obj.get("user_features") is not None:
+            obj["user_features"] = cat.user_features(obj["user_features"], f"{name}.user_features")
     out = {
         "item_ids": _int_list(obj["item_ids"], f"{name}.item_ids", 1, limits.num_items, n),
         "action_ids": _int_list(obj["action_ids"], f"{name}.action_ids", 0, limits.num_actions - 1, n),
@@ -196,21 +236,28 @@ def parse_history(value: Any, limits: Limits, name: str = "history") -> dict[str
 
 
 def parse_preinfer(body: Any, limits: Limits, affinity: str | None = None) -> PreinferRequest:
-    """POST /v1/preinfer: {user_id, history, num_candidates?}."""
-    body = _object(body, "", ("history",), ("user_id", "num_candidates"))
+    """POST /v1/preinfer: {user_id, history, num_candidates?, id_space?}."""
+    body = _object(body, "", ("history",), ("user_id", "num_candidates", "id_space"))
     user_id = parse_user_id(body, affinity)
-    return PreinferRequest(user_id, parse_history(body["history"], limits),
-                           _optional_int(body, "num_candidates", 1, limits.max_candidates))
+    space = parse_id_space(body, limits)
+    return PreinferRequest(user_id, parse_history(body["history"], limits, id_space=space),
+                           _optional_int(body, "num_candidates", 1, limits.max_candidates), space)
 
 
 def parse_rank(body: Any, limits: Limits, affinity: str | None = None) -> RankRequest:
-    """POST /v1/rank: {user_id, history, candidates: {item_ids}, top_k?}; top_k above the count is clamped."""
-    body = _object(body, "", ("history", "candidates"), ("user_id", "top_k"))
+    """POST /v1/rank: {user_id, history, candidates: {item_ids}, top_k?, id_space?}; top_k above the count is
+    clamped."""
+    body = _object(body, "", ("history", "candidates"), ("user_id", "top_k", "id_space"))
     user_id = parse_user_id(body, affinity)
-    history = parse_history(body["history"], limits)
+    space = parse_id_space(body, limits)
+    history = parse_history(body["history"], limits, id_space=space)
     cands = _object(body["candidates"], "candidates", ("item_ids",))
+    raw = None
+    if space == "raw":
+        raw = cands["item_ids"]
+        cands = {"item_ids": limits.catalogue.item_ids(raw, "candidates.item_ids", limits.max_candidates)}
     ids = _int_list(cands["item_ids"], "candidates.item_ids", 1, limits.num_items, limits.max_candidates)
     if not ids:
         raise InvalidRequest("candidates.item_ids", "must not be empty")
     top_k = _optional_int(body, "top_k", 1, None)
-    return RankRequest(user_id, history, ids, None if top_k is None else min(top_k, len(ids)))
+    return RankRequest(user_id, history, ids, None if top_k is None else min(top_k, len(ids)), space, raw)

@@ -55,7 +55,6 @@ from mindspore_relaygr.bench.loadgen import percentile
 from mindspore_relaygr.bench.workload import Request, Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig, load_config, save_config
 from mindspore_relaygr.errors import ConfigError
-from mindspore_relaygr.shipped_configs import shipped_config
 from serving import headers
 from serving.cluster_bench import HOST, add_instance_config_args, check_workload, free_port_block
 from serving.http_target import JSON_CONTENT, Answer, HTTPTarget, user_id
@@ -767,7 +766,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     p = bench_subparsers.add_parser("soak", help="minutes of a realistic cascade (orphan pre-infers, ranks without "
                                                  "pre-infer, missing affinity headers, retries) on N instances behind "
                                                  "nginx, one instance killed and restarted half-way")
-    add_instance_config_args(p, shipped_config("tiny.yaml"))
+    add_instance_config_args(p, "tiny")
     p.add_argument("--instances", type=int, default=2)
     p.add_argument("--minutes", type=float, default=10.0, help="length of the load (fractions allowed)")
     p.add_argument("--rate", type=float, default=SoakSpec.rate, help="arriving users (visits) per second")

@@ -77,3 +77,24 @@ def test_save_and_reload_round_trip(tmp_path):
     save_config(cfg, tmp_path / "resolved.yaml")
     assert load_config(tmp_path / "resolved.yaml") == cfg
     assert "None" not in (tmp_path / "resolved.yaml").read_text()
+
+
+def test_shipped_configs_by_name_from_anywhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the checkout: configs/tiny.yaml is no relative path here
+    for name in ("tiny", "tiny.yaml", "configs/tiny.yaml"):
+        assert load_config(name) == load_config(CONFIGS / "tiny.yaml")
+    (tmp_path / "tiny").write_text("cache:\n  num_slots: 3\n")  # a file of that name wins
+    assert load_config("tiny").cache.num_slots == 3
+    with pytest.raises(ConfigError, match=r"'tiniest' does not exist, nor is it a shipped config \(bench_long, "):
+        load_config("tiniest")
+
+
+def test_null_sizes_come_from_the_data_and_a_model_needs_them(capsys):
+    from serving.cli import main
+
+    cfg = load_config("ml1m")
+    assert (cfg.model.num_items, cfg.model.num_actions, cfg.model.user_feature_sizes) == (None, None, None)
+    with pytest.raises(ConfigError, match=r"model.num_items=None: is null \(from the data\)"):
+        cfg.model.require_sizes()
+    assert main(["serve", "--config", "ml1m"]) == 2  # refused before gunicorn starts
+    assert "relaygr: error: model.num_items=None: is null" in capsys.readouterr().err

@@ -29,7 +29,10 @@ pytestmark = pytest.mark.slow
 USER = [2, 4]
 VOCAB = Vocabulary(item_vocab={1000 + i: i for i in range(1, 201)}, user_vocab={7: 1, 9: 2},
                    item_titles={i: f"Movie {i} (199{i % 10})" for i in range(1, 201)},
-                   user_features={1: (2, 4), 2: (1, 0)}, user_feature_names=("gender", "age_bucket"))
+                   user_features={1: (2, 4), 2: (1, 0)}, user_feature_names=("gender", "age_bucket"),
+                   event_types=("click", "cart", "buy", 7), event_column="event",
+                   user_feature_vocabs=({"F": 1, "M": 2}, {18: 1, 25: 2, 35: 3, 45: 4}),
+                   label_rule={"events": ["buy"]})
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +59,8 @@ def test_bundle_files_manifest_and_version(model_and_bundle):
     assert load_vocabulary(out) == VOCAB
     items = json.loads((out / "items.json").read_text())
     assert items["raw_to_dense"]["1007"] == 7 and items["titles"]["7"] == "Movie 7 (1997)"
+    events = json.loads((out / "events.json").read_text())
+    assert events == {"column": "event", "types": ["click", "cart", "buy", 7], "label": {"events": ["buy"]}}
 
 
 def test_bundle_files_are_readable_by_every_account(model_and_bundle):

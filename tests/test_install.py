@@ -58,3 +58,18 @@ def test_the_wheel_installs_and_runs_outside_the_tree(tmp_path):
     assert Path(module_file).is_relative_to(venv) and int(max_seq_len) > 0  # the wheel's copy, its config
     demo = run(str(venv / "bin" / "relaygr"), "demo")  # the default config (tiny.yaml) comes with the wheel
     assert demo.returncode == 0, demo.stderr[-2000:]
+
+    # Shipped configs by name from anywhere, and --help says which one is the default.
+    for command, default in (("demo", "tiny"), ("train", "ml1m"), ("serve", "tiny")):
+        shown = run(str(venv / "bin" / "relaygr"), command, "--help")
+        assert shown.returncode == 0 and "default: " + default in " ".join(shown.stdout.split()), shown.stdout
+        assert "event_log" in shown.stdout  # the shipped configs are listed
+    for name in ("tiny", "tiny.yaml", "configs/tiny.yaml", "event_log"):
+        # the config resolves (a data error follows: the log does not exist), one line, exit 2
+        bad = run(str(venv / "bin" / "relaygr"), "train", "--config", name, "-o", "data.path=missing.csv")
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == \
+            "relaygr: error: missing.csv: file not found", bad.stderr[-2000:]
+    unknown = run(str(venv / "bin" / "relaygr"), "demo", "--config", "tiniest")
+    assert unknown.returncode == 2
+    assert "does not exist, nor is it a shipped config (bench_long, bench_xl, event_log, ml100k, ml1m" in \
+        unknown.stderr, unknown.stderr

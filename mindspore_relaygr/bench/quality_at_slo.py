@@ -19,6 +19,7 @@ from typing import Any
 from mindspore_relaygr.bench import headline
 from mindspore_relaygr.bench.workload import WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig
+from mindspore_relaygr.shipped_configs import config_arg, config_help
 
 Progress = Callable[[str], None]
 
@@ -192,7 +193,8 @@ def register(bench_subparsers: Any, positive_int: Callable[[str], int], slo_arg:
     p = bench_subparsers.add_parser("quality-at-slo", help="test NDCG@10 each mode reaches under a P99 budget "
                                                            "(real ML-1M timelines, a trained model)")
     p.add_argument("--checkpoint", required=True, help="checkpoint written by `relaygr train`")
-    p.add_argument("--config", default=None, help="YAML config (default: config.yaml next to --checkpoint)")
+    p.add_argument("--config", type=config_arg, default=None,
+                   help=config_help().replace("%(default)s", "config.yaml next to --checkpoint"))
     p.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--caps", type=positive_int, nargs="+", required=True,
                    help="history caps to sweep (events), each at most the model's history length")

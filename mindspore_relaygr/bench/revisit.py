@@ -48,7 +48,7 @@ from typing import Any
 
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig
-from mindspore_relaygr.shipped_configs import shipped_config
+from mindspore_relaygr.shipped_configs import config_arg, config_help
 
 Progress = Callable[[str], None]
 TIER_ORDER = ("device", "dram", "partial", "inflight", "miss")  # the tiers a relayed rank can land in
@@ -271,7 +271,7 @@ def cmd_bench_revisit(args: argparse.Namespace) -> int:
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
     """Add `revisit` to the `relaygr bench` sub-commands."""
     p = bench_subparsers.add_parser("revisit", help="share of ranks per cache tier vs the measured revisit rate")
-    p.add_argument("--config", default=str(shipped_config("bench_long.yaml")), help="YAML config file")
+    p.add_argument("--config", type=config_arg, default="bench_long", help=config_help())
     p.add_argument(
         "-o",
         "--override",

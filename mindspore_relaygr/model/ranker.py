@@ -57,6 +57,7 @@ class RelayGRModel:
     """HSTU ranker with a full path and a cached-prefix path over a device KV pool."""
 
     def __init__(self, config: RelayGRConfig) -> None:
+        config.model.require_sizes()  # null sizes come from the data: a trained config has them
         configure_context(config.context)
         import mindspore as ms
 

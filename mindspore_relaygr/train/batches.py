@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from mindspore_relaygr.config import ModelConfig
-from mindspore_relaygr.data.sequences import HIGH_RATING_ACTION
 from mindspore_relaygr.model.batch_index import RabIndex
 from mindspore_relaygr.model.inputs import History, bucket_for, split_timestamps
 from mindspore_relaygr.train.feeds import prefix_inputs
@@ -131,7 +130,8 @@ def _candidate_groups(cfg: ModelConfig, events: History, shape: BatchShape, num_
         out["pos"][:] = cuts + user  # the position right after event t - 1, as rank_full places candidates
         out["times"][:] = split_timestamps(events.timestamps[cuts - 1])
         out["group_valid"][:] = 1.0
-        out["high_rating"][:] = events.action_ids[cuts] >= HIGH_RATING_ACTION
+        if events.labels is not None:  # the second task's label of the positive (a one-task model has none)
+            out["high_rating"][:] = events.labels[cuts]
     out["item_ids"] = out["item_ids"].reshape(-1)
     return out
 

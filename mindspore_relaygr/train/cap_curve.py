@@ -34,10 +34,12 @@ def quality_vs_cap(config: RelayGRConfig, checkpoint: str | Path, caps: Sequence
                    max_users: int | None = None, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """One row of full-ranking metrics per cap, the same checkpoint throughout."""
     from mindspore_relaygr.model.ranker import RelayGRModel
-    from mindspore_relaygr.train.dataset import prepare_data
+    from mindspore_relaygr.train.dataset import check_checkpoint, prepare_data
     from mindspore_relaygr.train.full_ranking import BatchedScorer, metrics_of, ranking_cases
 
     data = prepare_data(config)
+    config = data.config
+    check_checkpoint(config, checkpoint)
     caps = check_caps(caps, data.max_history_len)
     if split not in ("test", "valid"):
         raise ConfigError(f"split {split!r}: expected 'test' or 'valid'")

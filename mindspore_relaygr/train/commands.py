@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from mindspore_relaygr.config import RelayGRConfig, load_config
-from mindspore_relaygr.shipped_configs import shipped_config
+from mindspore_relaygr.shipped_configs import config_arg, config_help
 
 BASELINES = ("popularity", "sasrec")
 SASREC_CHECKPOINT = "sasrec.ckpt"
@@ -133,18 +133,18 @@ def cmd_average(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from mindspore_relaygr.data.movielens import load_movielens
-    from mindspore_relaygr.export import Vocabulary, check_mindir, export_bundle, load_bundle
+    from mindspore_relaygr.export import Vocabulary, bundle_name, check_mindir, export_bundle, load_bundle
     from mindspore_relaygr.model.ranker import RelayGRModel
-    from mindspore_relaygr.train.dataset import prepare_data
+    from mindspore_relaygr.train.dataset import check_checkpoint, prepare_data
 
-    cfg = _checkpoint_config(args)
     say = _progress("export")
     t0 = time.perf_counter()
+    data = prepare_data(_checkpoint_config(args))  # the vocabularies the bundle serves, from the training data
+    cfg = data.config
+    check_checkpoint(cfg, args.checkpoint)
     model = RelayGRModel(cfg)
     model.load_checkpoint(args.checkpoint)
-    data = prepare_data(cfg, load_movielens(cfg.data.path))
-    name = args.name or cfg.model.version.split("-")[0]
+    name = args.name or bundle_name(cfg.data.path)
     out = Path(args.out_dir) if args.out_dir else Path(args.checkpoint).parent / "bundle"
     say(f"exporting {args.checkpoint} to {out} (MindIR: {'every bucket' if args.all_buckets else 'covering set'})")
     export_bundle(model, cfg, Vocabulary.from_interactions(data.interactions), out, name, args.all_buckets,
@@ -183,8 +183,8 @@ def _positive_lengths(text: str) -> int:
 
 
 def _config_args(parser: argparse.ArgumentParser, default: str | None) -> None:
-    help_text = "YAML config file" if default else "YAML config (default: config.yaml next to --checkpoint)"
-    parser.add_argument("--config", default=default, help=help_text)
+    help_text = config_help() if default else config_help().replace("%(default)s", "config.yaml next to --checkpoint")
+    parser.add_argument("--config", type=config_arg, default=default, help=help_text)
     parser.add_argument("-o", "--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a config value (repeatable), e.g. -o train.epochs=2")
 
@@ -192,7 +192,7 @@ def _config_args(parser: argparse.ArgumentParser, default: str | None) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the train / eval / export subcommands to the `relaygr` parser."""
     train = subparsers.add_parser("train", help="train the ranker (best checkpoint, config and metrics JSON)")
-    _config_args(train, str(shipped_config("ml1m.yaml")))
+    _config_args(train, "ml1m")
     train.add_argument("--output-dir", help="where to write (overrides train.output_dir)")
     train.add_argument("--resume", action="store_true",
                        help="continue from last.ckpt and train_state.json in the output directory")
@@ -201,7 +201,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.set_defaults(func=cmd_train)
 
     base = subparsers.add_parser("baseline", help="train the SASRec baseline (same loss, data, model selection)")
-    _config_args(base, str(shipped_config("ml1m.yaml")))
+    _config_args(base, "ml1m")
     base.add_argument("--output-dir", default="outputs/sasrec", help="sasrec.ckpt, config.yaml, sasrec_metrics.json")
     base.set_defaults(func=cmd_baseline)
 
@@ -228,14 +228,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ex.add_argument("--checkpoint", required=True, help="checkpoint written by `relaygr train`")
     _config_args(ex, None)
     ex.add_argument("--out-dir", help="bundle directory (default: bundle/ next to the checkpoint)")
-    ex.add_argument("--name", help="model version prefix (default: model.version up to the first '-')")
+    ex.add_argument("--name", help="model version prefix (default: the data's name: the event log's file name, "
+                                   "ml1m for data.path ml-1m)")
     ex.add_argument("--all-buckets", action="store_true", help="MindIR for every bucket combination")
     ex.add_argument("--overwrite", action="store_true", help="replace an existing bundle directory")
     ex.add_argument("--no-verify", action="store_true", help="skip the MindIR-vs-model score check")
     ex.set_defaults(func=cmd_export)
 
     ln = subparsers.add_parser("lengths", help="quality vs history length: train + evaluate one ranker per length")
-    _config_args(ln, str(shipped_config("ml1m.yaml")))
+    _config_args(ln, "ml1m")
     ln.add_argument("--lengths", type=_positive_lengths, nargs="+", default=[50, 100, 200, 400, 800, 2314],
                     help="longest history (events) of each ranker")
     ln.add_argument("--output-dir", default="outputs/lengths", help="one len_<L>/ run per length, and the curve")

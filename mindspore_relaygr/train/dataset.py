@@ -1,21 +1,23 @@
 """The data every training and evaluation step shares: interactions, leave-one-out split, eval sets (numpy only).
 
-`prepare_data(config)` loads the interactions named by `config.data`, checks them against `config.model`
-(item vocabulary, action types, user features) and splits them; the validation and test sets draw their
-negatives from `data.eval_seed`, so every model and every run is evaluated on the same candidates.
+`prepare_data(config)` loads the interactions named by `config.data`, sizes `config.model` by them (item
+vocabulary, event types, user features: a null size comes from the data, a set one must agree) and splits them;
+the validation and test sets draw their negatives from `data.eval_seed`, so every model and every run is
+evaluated on the same candidates.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from mindspore_relaygr.config import RelayGRConfig
-from mindspore_relaygr.data.movielens import Interactions, load_movielens
+from mindspore_relaygr.data.events import Interactions, load_interactions
 from mindspore_relaygr.data.sequences import (
-    NUM_ACTIONS,
     EvalExample,
     History,
     Split,
@@ -39,6 +41,7 @@ class PreparedData:
     max_history_len: int  # events (the user token excluded)
     num_eval_negatives: int
     eval_seed: int
+    config: RelayGRConfig | None = None  # the config, its model sized by the data (`sized_config`)
 
     @property
     def num_items(self) -> int:
@@ -63,22 +66,65 @@ class PreparedData:
         return examples if max_users is None else examples[:max_users]
 
 
-def check_compatible(config: RelayGRConfig, data: Interactions) -> None:
-    """Raise ConfigError if `config.model` cannot represent `data`, naming the key to change."""
-    model = config.model
-    if data.num_items > model.num_items:
-        raise ConfigError(f"model.num_items={model.num_items}: the data has {data.num_items} items "
-                          f"({data.source})")
-    if model.num_actions != NUM_ACTIONS:
-        raise ConfigError(f"model.num_actions={model.num_actions}: ratings 1..5 give {NUM_ACTIONS} action types")
-    sizes = list(data.user_feature_sizes)
-    if model.user_feature_sizes and model.user_feature_sizes != sizes:
-        raise ConfigError(f"model.user_feature_sizes={model.user_feature_sizes}: the data has user features of "
-                          f"sizes {sizes or 'none'} ({data.source})")
+def sized_config(config: RelayGRConfig, data: Interactions) -> RelayGRConfig:
+    """`config` with the model's vocabulary sizes from `data` (the null ones); ConfigError naming the key when
+    a set size, the tasks or the candidate buckets contradict the data."""
+    model, source = config.model, data.source
+    sizes = {"num_items": data.num_items, "num_actions": data.num_actions,
+             "user_feature_sizes": list(data.user_feature_sizes)}
+    types = f" (event types {', '.join(map(str, data.event_types))})" if data.event_types else \
+        " (no data.event_column: one event type)"
+    plural = "s" if data.num_actions != 1 else ""
+    why = {"num_items": f"the data has {data.num_items} items",
+           "num_actions": f"the data has {data.num_actions} event type{plural}{types}",
+           "user_feature_sizes": f"the data's user features {list(data.user_feature_names)} have sizes "
+                                 f"{sizes['user_feature_sizes']} (values + 1 for unknown)"}
+    for key, value in sizes.items():
+        given = getattr(model, key)
+        if given is not None and given != value:
+            raise ConfigError(f"model.{key}={given}: {why[key]} ({source}); set it to {value} or to null (from "
+                              f"the data)")
+    tasks = model.task_names
+    if data.labels is None and len(tasks) > 1:
+        raise ConfigError(f"model.task_names={tasks}: the second task needs a label, and the data has none ({source}):"
+                          f" set data.label_column or data.label_events, or model.task_names: [{tasks[0]}]")
+    if data.labels is not None and len(tasks) != 2:
+        raise ConfigError(f"model.task_names={tasks}: the data's label trains one second task; give two names, "
+                          f"e.g. [{tasks[0]}, {config.data.label_column or 'label'}]")
     negatives = config.data.num_eval_negatives
     if negatives + 1 > model.max_candidates:
         raise ConfigError(f"data.num_eval_negatives={negatives}: 1 + negatives exceeds the largest candidate "
                           f"bucket {model.max_candidates}")
+    if negatives > data.num_items - 1:
+        raise ConfigError(f"data.num_eval_negatives={negatives}: the data has only {data.num_items} items")
+    return dataclasses.replace(config, model=dataclasses.replace(model, **sizes))
+
+
+def check_compatible(config: RelayGRConfig, data: Interactions) -> None:
+    """Raise ConfigError if `config.model` cannot represent `data`, naming the key to change (`sized_config`)."""
+    sized_config(config, data)
+
+
+CHECKPOINT_TABLES = {"item_table": ("num_items", 1), "action_table": ("num_actions", 2)}  # rows = size + extra
+
+
+def check_checkpoint(config: RelayGRConfig, checkpoint: str | Path) -> None:
+    """ConfigError naming the key when the checkpoint's embedding tables do not have the rows `config.model`'s
+    vocabulary sizes give (a model trained on other data, or a config that is not the checkpoint's)."""
+    import mindspore as ms
+
+    params = ms.load_checkpoint(str(checkpoint), choice_func=lambda name: name.endswith("_table"))
+    shapes = {name.rsplit(".", 1)[-1]: tuple(p.shape) for name, p in params.items()}
+    model = config.model
+    for table, (key, extra) in CHECKPOINT_TABLES.items():
+        rows = shapes.get(table, (None,))[0]
+        if rows is not None and rows != getattr(model, key) + extra:
+            raise ConfigError(f"model.{key}={getattr(model, key)}: checkpoint {checkpoint} was trained with "
+                              f"{key} {rows - extra}: use the config.yaml written next to it (or its data)")
+    rows = shapes.get("user_table", (None,))[0]
+    if rows is not None and rows != max(1, sum(model.user_feature_sizes or ())):
+        raise ConfigError(f"model.user_feature_sizes={model.user_feature_sizes}: checkpoint {checkpoint} has a user "
+                          f"table of {rows} rows: use the config.yaml written next to it (or its data)")
 
 
 def max_history_len(config: RelayGRConfig) -> int:
@@ -91,11 +137,13 @@ def max_history_len(config: RelayGRConfig) -> int:
 
 
 def prepare_data(config: RelayGRConfig, interactions: Interactions | None = None) -> PreparedData:
-    """Load (unless given), check and split the interactions named by `config.data`."""
-    data = interactions if interactions is not None else load_movielens(config.data.path)
-    check_compatible(config, data)
+    """Load (unless given), check and split the interactions named by `config.data`; `.config` is `config` sized
+    by them."""
+    data = interactions if interactions is not None else load_interactions(config.data)
+    config = sized_config(config, data)
     sequences = build_sequences(data, with_user_features=config.model.has_user_token)
     split = leave_one_out(sequences, config.data.min_events)
     logger.info("data: %d users (%d evaluated), %d items, %d events", data.num_users, len(split.test),
                 data.num_items, len(data))
-    return PreparedData(data, split, max_history_len(config), config.data.num_eval_negatives, config.data.eval_seed)
+    return PreparedData(data, split, max_history_len(config), config.data.num_eval_negatives, config.data.eval_seed,
+                        config)

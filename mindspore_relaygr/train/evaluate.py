@@ -29,7 +29,7 @@ import numpy as np
 
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.data.sequences import EvalExample, PopularityModel
-from mindspore_relaygr.train.dataset import PreparedData, prepare_data
+from mindspore_relaygr.train.dataset import PreparedData, check_checkpoint, prepare_data, sized_config
 from mindspore_relaygr.train.full_ranking import (
     RankingCase,
     batch_ranks,
@@ -96,6 +96,8 @@ def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "
 
     say = progress or (lambda msg: logger.info("%s", msg))
     data = data if data is not None else prepare_data(config)
+    config = sized_config(config, data.interactions)
+    check_checkpoint(config, checkpoint)
     examples = data.eval_set(which, max_users)
     model = RelayGRModel(config)
     model.load_checkpoint(checkpoint)

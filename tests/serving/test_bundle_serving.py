@@ -1,5 +1,6 @@
 """The main demo's path on synthetic MovieLens data: train -> export -> `relaygr serve --bundle` ->
-the Python client and `serving.demo_client` over HTTP, scores equal to the bundle's model in process."""
+the Python client (dense ids) and `serving.demo_client` (the catalogue's raw ids) over HTTP, scores equal to the
+bundle's model in process."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    from mindspore_relaygr.data.movielens import load_movielens
     from mindspore_relaygr.export import Vocabulary, export_bundle
     from mindspore_relaygr.model.ranker import RelayGRModel
     from mindspore_relaygr.train.dataset import prepare_data
@@ -33,7 +33,7 @@ def bundle(tmp_path_factory):
     result = train(cfg)
     model = RelayGRModel(cfg)
     model.load_checkpoint(result.checkpoint)
-    vocab = Vocabulary.from_interactions(prepare_data(cfg, load_movielens(data_path)).interactions)
+    vocab = Vocabulary.from_interactions(prepare_data(cfg).interactions)
     return export_bundle(model, cfg, vocab, root / "bundle", name="synthetic"), data_path
 
 
@@ -60,7 +60,7 @@ def test_client_ranks_like_the_bundled_model(bundle, server):
     hist = History(rng.integers(1, 61, n).astype(np.int32), rng.integers(0, 5, n).astype(np.int32),
                    (880_000_000 + np.cumsum(rng.integers(1, 1000, n))).astype(np.int64))
     cands = np.arange(1, 21)
-    client = RelayGRClient(server)
+    client = RelayGRClient(server, id_space="dense")  # the model's own ids, to compare with rank_full
     try:
         assert client.wait_ready(60)["model_version"] == model.version
         pre = client.preinfer("u-client", hist.slice(0, n - 4), num_candidates=len(cands))

@@ -34,9 +34,11 @@ def write_synthetic_movielens(path: Path, num_users: int = 40, num_items: int = 
 
 
 def synthetic_overrides(data_path: Path, output_dir: Path) -> list[str]:
-    """tiny.yaml adapted to the synthetic data: 5 actions, no user features, one length bucket in use."""
+    """tiny.yaml adapted to the synthetic data (MovieLens u.data: ratings 1..5 are the event types, rating >= 4 the
+    label): 5 actions, no user features, one length bucket in use."""
     return [f"model.num_items={NUM_ITEMS}", "model.num_actions=5", "model.user_feature_sizes=[]",
-            f"data.path={data_path}", "data.num_eval_negatives=20",
+            f"data.path={data_path}", "data.event_column=rating", "data.label_events=[4, 5]",
+            "data.num_eval_negatives=20",
             "train.batch_size=8", "train.num_negatives=8",
             "train.negative_pool=16", "train.num_cuts=2",
             "train.epochs=24", "train.log_every=1000", "train.lr=0.005", "train.patience=10",

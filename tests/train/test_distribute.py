@@ -34,7 +34,8 @@ def _equal_length_data(path: Path) -> Path:
 
 def _overrides(data: Path) -> list[str]:
     return ["model.num_items=60", "model.num_actions=5", "model.user_feature_sizes=[]", "model.dropout=0.0",
-            f"data.path={data}", "data.num_eval_negatives=20", "train.batch_size=16", "train.num_negatives=8",
+            f"data.path={data}", "data.event_column=rating", "data.label_events=[4, 5]", "data.num_eval_negatives=20",
+            "train.batch_size=16", "train.num_negatives=8",
             "train.negative_pool=16", "train.epochs=3", "train.eval_every=3",
             "train.log_every=1000", "train.lr=0.01"]
 

@@ -9,18 +9,20 @@ import pytest
 
 from mindspore_relaygr import load_config
 from mindspore_relaygr.config import ConfigError
-from mindspore_relaygr.data.movielens import load_movielens
+from mindspore_relaygr.data.events import load_interactions
 from mindspore_relaygr.data.sequences import cap_history
 from mindspore_relaygr.model.batch_index import RabIndex
 from mindspore_relaygr.model.inputs import History
 from mindspore_relaygr.train.batches import BatchShape, build_row, iter_batches
-from mindspore_relaygr.train.dataset import check_compatible, prepare_data
+from mindspore_relaygr.train.dataset import check_compatible, prepare_data, sized_config
 from tests.conftest import CONFIGS
 
 
 def _seq(n: int) -> History:
-    return History(np.arange(1, n + 1, dtype=np.int32), (np.arange(n) % 5).astype(np.int32),
-                   np.arange(n, dtype=np.int64) * 100)
+    """Events of action ids 0..4 in turn, labelled 1 on the ids >= 3 (MovieLens's rating >= 4)."""
+    actions = (np.arange(n) % 5).astype(np.int32)
+    return History(np.arange(1, n + 1, dtype=np.int32), actions, np.arange(n, dtype=np.int64) * 100,
+                   labels=actions >= 3)
 
 
 SHAPE = BatchShape(batch_size=4, num_negatives=6, num_cuts=3, negative_pool=10)
@@ -86,20 +88,36 @@ def test_candidate_groups_hold_the_event_after_their_cut():
         for g, cut in enumerate(row["cut_events"]):
             group = row["item_ids"][32 + g * SHAPE.group_size: 32 + (g + 1) * SHAPE.group_size]
             assert 1 <= cut < 30 and group[0] == seq.item_ids[cut]
-            assert row["high_rating"][g] == float(seq.action_ids[cut] >= 3)
+            assert row["high_rating"][g] == float(seq.labels[cut])  # the positive's own label
             mask = cfg.num_pos_buckets * cfg.num_time_buckets
             assert ((row["cand_idx"][g] != mask) == (np.arange(32) < cut)).all()  # no token from the cut on
 
 
 def test_data_must_fit_the_model(synthetic_data_path, tmp_path):
-    data = load_movielens(synthetic_data_path)
-    cfg = load_config(CONFIGS / "tiny.yaml", ["model.num_items=10", "model.num_actions=5"])
+    """A size the config sets must be the data's (a 500-item catalogue under num_items 3706 is an error, not a
+    silently oversized table); null sizes come from the data."""
+    schema = [f"data.path={synthetic_data_path}", "data.event_column=rating", "data.label_events=[4, 5]",
+              "data.num_eval_negatives=20"]
+    data = load_interactions(load_config(CONFIGS / "tiny.yaml", schema).data)
+    cfg = load_config(CONFIGS / "tiny.yaml", ["model.num_items=10", "model.num_actions=5", *schema])
     with pytest.raises(ConfigError, match="model.num_items=10: the data has 60 items"):
         check_compatible(cfg, data)
-    with pytest.raises(ConfigError, match="model.num_actions=4"):
-        check_compatible(load_config(CONFIGS / "tiny.yaml", ["model.num_items=60"]), data)
-    with pytest.raises(ConfigError, match=r"model.user_feature_sizes=\[3, 5\]: the data has user features"):
-        check_compatible(load_config(CONFIGS / "tiny.yaml", ["model.num_items=60", "model.num_actions=5"]), data)
+    with pytest.raises(ConfigError, match="model.num_items=3706: the data has 60 items"):
+        check_compatible(load_config(CONFIGS / "tiny.yaml", ["model.num_items=3706", *schema]), data)
+    with pytest.raises(ConfigError, match=r"model.num_actions=4: the data has 5 event types \(event types 1, 2"):
+        check_compatible(load_config(CONFIGS / "tiny.yaml", ["model.num_items=60", *schema]), data)
+    with pytest.raises(ConfigError, match=r"model.user_feature_sizes=\[3, 5\]: the data's user features \[\] have"):
+        check_compatible(load_config(CONFIGS / "tiny.yaml", ["model.num_items=60", "model.num_actions=5", *schema]),
+                         data)
+    sized = sized_config(load_config(CONFIGS / "tiny.yaml", [*schema, "model.num_items=null", "model.num_actions=null",
+                                                             "model.user_feature_sizes=null"]), data)
+    assert (sized.model.num_items, sized.model.num_actions, sized.model.user_feature_sizes) == (60, 5, [])
+    no_label = load_config(CONFIGS / "tiny.yaml", [f"data.path={synthetic_data_path}", "data.event_column=rating",
+                                                   "data.num_eval_negatives=20",
+                                                   "model.num_items=60", "model.num_actions=5",
+                                                   "model.user_feature_sizes=[]"])
+    with pytest.raises(ConfigError, match=r"the second task needs a label, and the data has none"):
+        check_compatible(no_label, load_interactions(no_label.data))
 
 
 def test_a_temperature_the_loss_cannot_take_is_refused_before_training(synthetic_config, tmp_path):
