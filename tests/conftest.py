@@ -14,6 +14,20 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 
 
+# Test files that take minutes: collected first, so the parallel workers start them first instead of ending
+# the run with one of them alone (the order of the tests inside a file is kept).
+LONG_FILES = ("serving/test_soak_bench.py", "model/test_batched.py", "bench/test_quality_at_slo.py",
+              "serving/test_cluster_bench.py", "train/test_commands.py", "model/test_fused_vs_reference.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.path.as_posix()
+        return next((i for i, name in enumerate(LONG_FILES) if path.endswith(name)), len(LONG_FILES))
+
+    items.sort(key=rank)  # stable
+
+
 @pytest.fixture(scope="session", autouse=True)
 def mindspore_context() -> None:
     """Each test process sets MindSpore's context (the tiny config's: CPU, graph mode) before any test runs an

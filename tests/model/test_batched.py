@@ -44,7 +44,7 @@ def users(draw):
     return out
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(users())
 def test_each_user_of_a_batch_scores_as_in_its_own_call(model, batch):
     requests = []
