@@ -366,8 +366,9 @@ def test_a_rank_submitted_during_a_long_prefill_finishes_first(make_engine):
     assert finished == ["rank", "prefill"]
 
 
-def test_eight_threads_never_crash_and_always_get_correct_scores(make_engine, model):
-    eng = make_engine("relay.inflight_wait_ms=5000")
+@pytest.mark.parametrize("max_rank_batch", [1, 4])
+def test_eight_threads_never_crash_and_always_get_correct_scores(make_engine, model, max_rank_batch):
+    eng = make_engine("relay.inflight_wait_ms=5000", f"relay.max_rank_batch={max_rank_batch}")
     users = {f"c{i}": hist(100 + i, 40 + 10 * i) for i in range(6)}
     cands = np.arange(1, 17)
     want = {u: expected(model, eng, h, cands) for u, h in users.items()}
