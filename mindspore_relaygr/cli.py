@@ -94,6 +94,24 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_batching(args: argparse.Namespace) -> int:
+    from mindspore_relaygr.bench import plots
+    from mindspore_relaygr.bench.batch_bench import format_table, run_batch_bench
+    from mindspore_relaygr.bench.model_bench import write_report
+
+    cfg = load_config(args.config, [f"cache.num_slots={args.users}", *args.override])
+    report = run_batch_bench(cfg, args.users, args.clients, args.events, args.suffix, args.candidates, args.batch,
+                             args.seconds, args.rounds, progress=lambda msg: print(f"[bench] {msg}", flush=True))
+    report["config"] = str(args.config)
+    print(format_table(report))
+    out = Path(args.out)
+    write_report(report, out)
+    save_config(cfg, out.with_suffix(".config.yaml"))
+    plots.plot_batch_bench(report, out.with_suffix(".png"))
+    print(f"[bench] wrote {out} and {out.with_suffix('.png').name}")
+    return 0
+
+
 def cmd_bench_cache(args: argparse.Namespace) -> int:
     from mindspore_relaygr.bench.cache_bench import copy_vs_recompute, format_tables, pool_cost_vs_slots
     from mindspore_relaygr.bench.model_bench import write_report
@@ -313,6 +331,19 @@ def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
                        help="also time the cached path for this many users per call (fused kernels), e.g. 2 4 8")
     model.add_argument("--out", default="outputs/bench_model.json")
     model.set_defaults(func=cmd_bench_model)
+
+    batching = bench_sub.add_parser("batching", help="ranks/s at saturation with ranks batched per device call or not")
+    _add_config_args(batching, "bench_long.yaml")
+    batching.add_argument("--users", type=int, default=8, help="users ranked, each with a device slot of its own")
+    batching.add_argument("--clients", type=int, default=8, help="closed-loop client threads")
+    batching.add_argument("--events", type=int, default=4096, help="history length (user token included)")
+    batching.add_argument("--suffix", type=int, default=32, help="events after the pre-inferred prefix")
+    batching.add_argument("--candidates", type=int, default=128)
+    batching.add_argument("--batch", type=int, default=8, help="relay.max_rank_batch of the batched runs")
+    batching.add_argument("--seconds", type=float, default=20.0, help="length of each run")
+    batching.add_argument("--rounds", type=int, default=3, help="pairs of runs, in alternating order")
+    batching.add_argument("--out", default="outputs/bench_batching.json")
+    batching.set_defaults(func=cmd_bench_batching)
 
     cache = bench_sub.add_parser("cache", help="DRAM reload vs recompute; pool cost vs number of slots")
     _add_config_args(cache, "bench_long.yaml")

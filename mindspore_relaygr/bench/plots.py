@@ -319,3 +319,22 @@ def plot_soak(report: dict[str, Any], path: Path) -> None:
                                f"{report['minutes']:g} min; {report['mix']['described']}", 160), fontsize=8)
     save_figure(fig, path)
     plt.close(fig)
+
+
+def plot_batch_bench(report: dict[str, Any], path: Path) -> None:
+    """`bench batching`: ranks per second of each run (one rank per device call vs batched), round by round."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    rounds = sorted({x["round"] for x in report["runs"]})
+    for offset, size in ((-0.2, 1), (0.2, report["batch"])):
+        runs = {x["round"]: x for x in report["runs"] if x["max_rank_batch"] == size}
+        ax.bar([r + 1 + offset for r in rounds], [runs[r]["ranks_per_s"] for r in rounds], width=0.4,
+               label=f"relay.max_rank_batch = {size}")
+    ax.set(xlabel="round (the two runs of a round alternate their order)", ylabel="ranks per second",
+           title=f"{report['users']} users x {report['events']} events, {report['clients']} closed-loop clients: "
+                 f"{report['ratio_median']:.2f}x (median)")
+    ax.set_xticks([r + 1 for r in rounds])
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
