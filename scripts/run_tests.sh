@@ -16,8 +16,9 @@ export PATH="$PATH:/usr/sbin"
 "$RELAYGR_PY" -m ruff check mindspore_relaygr serving tests scripts
 set +e
 # Test files run in parallel worker processes, a file's tests in one worker (they share its module fixtures):
+# one more than the cores, at most 4, since many tests wait on servers and subprocesses;
 # RELAYGR_TEST_WORKERS=0 runs everything in this process.
-workers="${RELAYGR_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}"
+workers="${RELAYGR_TEST_WORKERS:-$(( $(nproc) < 3 ? $(nproc) + 1 : 4 ))}"
 parallel=()
 [ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadfile)
 "$RELAYGR_PY" -m pytest -q -rs -p no:cacheprovider --timeout=1800 "${parallel[@]}" "$@"
