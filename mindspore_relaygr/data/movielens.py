@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from mindspore_relaygr.data.events import parse_int
 from mindspore_relaygr.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -124,22 +125,9 @@ def _rows(path: Path, sep: str, num_cols: int | None = None, min_cols: int = 1,
             yield lineno, fields
 
 
-def _parse_int(text: str) -> int | None:
-    """`text` as an integer (integral floats accepted, as in `_int`), else None."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return int(value) if math.isfinite(value) and value == int(value) else None
-
-
 def _int(path: Path, lineno: int, name: str, text: str) -> int:
     """An integer field; integral floats ("881250949.0") are accepted."""
-    value = _parse_int(text)
+    value = parse_int(text)
     if value is not None:
         return value
     try:
@@ -178,7 +166,7 @@ def _occupation_ml1m(code: int) -> int:
 
 def _occupation(text: str) -> int:
     """An atomic file's occupation: an ML-1M code (a number) or an ML-100K name."""
-    code = _parse_int(text)
+    code = parse_int(text)
     return _occupation_100k(text) if code is None else _occupation_ml1m(code)
 
 
@@ -283,13 +271,13 @@ def _token_codes(texts: list[str]) -> tuple[list[str], np.ndarray]:
 def _suffix_int(token: str) -> int | None:
     """`1m_123` -> 123; None without a `_<integer>` suffix."""
     head, sep, tail = token.rpartition("_")
-    return _parse_int(tail) if sep and head else None
+    return parse_int(tail) if sep and head else None
 
 
 def _id_scheme(tokens: list[str], allow_suffix: bool) -> str:
     """How id tokens become raw ids: "int" when all are integers; "suffix" when all end in `_<integer>` and
     those integers are distinct (only if `allow_suffix`); else "token" (the token is the raw id)."""
-    if all(_parse_int(t) is not None for t in tokens):
+    if all(parse_int(t) is not None for t in tokens):
         return "int"
     if allow_suffix:
         suffixes = [_suffix_int(t) for t in tokens]
@@ -301,7 +289,7 @@ def _id_scheme(tokens: list[str], allow_suffix: bool) -> str:
 def _raw_id(scheme: str, token: str) -> RawId | None:
     """The raw id of a token under `scheme` (None if the token does not fit it)."""
     if scheme == "int":
-        return _parse_int(token)
+        return parse_int(token)
     return _suffix_int(token) if scheme == "suffix" else token
 
 
