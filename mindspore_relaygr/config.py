@@ -403,6 +403,9 @@ class DataConfig:
     min_events: int = 3  # users with fewer events are train-only (not validated or tested)
     num_eval_negatives: int = 100  # sampled negatives per validation/test user (candidates = 1 + this)
     eval_seed: int = 0  # the validation/test negatives: identical for every model and run
+    # Order of a user's events with equal timestamps: null keeps the file's order; a seed shuffles them (the
+    # reference sorts with an unstable sort, so its order is another; `relaygr ties` measures what it moves)
+    tie_seed: int | None = None
 
     def __post_init__(self) -> None:
         _require(self.min_events >= 3, "data.min_events", self.min_events, "must be >= 3 (train, valid, test)")

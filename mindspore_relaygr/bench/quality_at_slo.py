@@ -24,10 +24,15 @@ from mindspore_relaygr.shipped_configs import config_arg, config_help
 Progress = Callable[[str], None]
 
 
-def quality_rows(by_slo: list[dict[str, Any]], quality: dict[int, dict[str, float]]) -> list[dict[str, Any]]:
+def quality_rows(by_slo: list[dict[str, Any]], quality_report: dict[str, Any]) -> list[dict[str, Any]]:
     """budget | baseline cap | baseline NDCG@10 / HR@10 | relay cap | relay NDCG@10 / HR@10 | cap ratio | gain.
 
-    A mode with no compliant cap gets cap 0 and no quality (NaN); the gain is relay minus baseline NDCG@10."""
+    Quality is the cap curve's first filter (`quality_vs_cap`). A mode with no compliant cap gets cap 0 and
+    no quality (NaN); the gain is relay minus baseline NDCG@10, with the paired standard error of that
+    difference (the same test users at both caps; 0 when the caps are equal, NaN without a cap)."""
+    from mindspore_relaygr.train.cap_curve import metrics_by_cap, paired_change
+
+    quality = metrics_by_cap(quality_report)
     rows = []
     for judged in by_slo:
         row: dict[str, Any] = {"slo_ms": judged["slo_ms"]}
@@ -37,6 +42,11 @@ def quality_rows(by_slo: list[dict[str, Any]], quality: dict[int, dict[str, floa
             row[mode] = {"cap": cap, "ndcg@10": q.get("ndcg@10", math.nan), "hr@10": q.get("hr@10", math.nan)}
         row["cap_ratio"] = judged["ratio"]
         row["ndcg_gain"] = row["relay"]["ndcg@10"] - row["baseline"]["ndcg@10"]
+        low, high = row["baseline"]["cap"], row["relay"]["cap"]
+        row["ndcg_gain_se"] = math.nan
+        if low in quality and high in quality:
+            change = paired_change(quality_report, low, high)
+            row["ndcg_gain_se"] = 0.0 if change is None else change["se"]
         rows.append(row)
     return rows
 
@@ -60,9 +70,10 @@ def truncation_cost(model: Any, config: RelayGRConfig, timeline: Any, points: li
         for row in rows:
             req = TimelineRequest(**row["request"])
             hist = capped.history(req)
-            target = int(timeline.sequences[req.user].item_ids[req.end])
-            whole.append(RankingCase(req.user, hist, target))
-            cut.append(RankingCase(req.user, hist.slice(len(hist) - row["ranked_events"]), target))
+            items = timeline.sequences[req.user].item_ids
+            target, earlier = int(items[req.end]), items[:req.end]
+            whole.append(RankingCase(req.user, hist, target, earlier))
+            cut.append(RankingCase(req.user, hist.slice(len(hist) - row["ranked_events"]), target, earlier))
         m_cut, m_whole = metrics_of(scorer.ranks(cut)), metrics_of(scorer.ranks(whole))
         out[f"{point['mode']}@{point['length']}"] = {
             "ranks": len(rows), "ranked_events_mean": sum(r["ranked_events"] for r in rows) / len(rows),
@@ -80,7 +91,7 @@ def run_quality_at_slo(config: RelayGRConfig, checkpoint: str, timeline: Any, ca
 
     caps = sorted(set(caps))
     quality_report = quality_vs_cap(config, checkpoint, caps, "test", progress=progress)
-    quality = {r["cap"]: r for r in quality_report["rows"]}
+    quality_filter = next(iter(quality_report["filters"]))  # the reference filter: fixed, whatever the cap
     model, latency = headline.prepare(config, progress, checkpoint)
     at_cap = headline.time_full_path(model, cap_events, timeline.spec.num_candidates)
     rule: dict[str, Any] = {"rule": "fixed (--slo-ms)"}
@@ -107,18 +118,19 @@ def run_quality_at_slo(config: RelayGRConfig, checkpoint: str, timeline: Any, ca
             "miss_policy": config.relay.miss_policy, "qps": qps, "caps": caps,
             "checkpoint": str(checkpoint),
             "timeline": {**timeline.spec.__dict__, **timeline.describe()}, "quality": quality_report,
-            "latency": sweep, "table": quality_rows(sweep["by_slo"], quality)}
+            "quality_filter": quality_filter, "latency": sweep, "table": quality_rows(sweep["by_slo"], quality_report)}
 
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"Quality at a P99 budget: real timelines at {report['qps']:g} QPS, caps {report['caps']}; "
              f"run budget {report['slo_ms']:g} ms",
              f"{'SLO ms':>7} | {'base cap':>8} {'NDCG@10':>8} | {'relay cap':>9} {'NDCG@10':>8} | "
-             f"{'cap ratio':>9} | {'NDCG gain':>9}"]
+             f"{'cap ratio':>9} | {'NDCG gain +- se':>17}"]
     for r in report["table"]:
         b, rl = r["baseline"], r["relay"]
         lines.append(f"{r['slo_ms']:>7g} | {b['cap']:>8} {b['ndcg@10']:>8.4f} | {rl['cap']:>9} {rl['ndcg@10']:>8.4f} | "
-                     f"{headline.ratio_label(r['cap_ratio'], [math.nan, math.nan]):>9} | {r['ndcg_gain']:>+9.4f}")
+                     f"{headline.ratio_label(r['cap_ratio'], [math.nan, math.nan]):>9} | "
+                     f"{r['ndcg_gain']:>+8.4f} +- {r['ndcg_gain_se']:.4f}")
     for key, cost in (report.get("truncations") or {}).items():
         lines.append(f"truncated ranks {key}: {cost['ranks']}, NDCG@10 {cost['ndcg@10_truncated']:.4f} on the events "
                      f"used vs {cost['ndcg@10_whole']:.4f} on the whole history (HR@10 {cost['hr@10_truncated']:.4f} "
@@ -145,11 +157,16 @@ def plot_quality_at_slo(report: dict[str, Any], path: Any) -> None:
     ax.set(xlabel="P99 budget (ms)", ylabel="test NDCG@10 at the longest compliant cap",
            title="what the budget buys")
     ax.legend(fontsize=8)
-    rows = report["quality"]["rows"]
-    bx.plot([r["cap"] for r in rows], [r["ndcg@10"] for r in rows], "o-")
-    bx.set(xscale="log", xlabel="history cap (events)", ylabel="test NDCG@10", title="the model vs its cap")
+    from mindspore_relaygr.train.cap_curve import metrics_by_cap
+
+    by_cap = metrics_by_cap(report["quality"])
+    caps = sorted(by_cap)
+    bx.errorbar(caps, [by_cap[c]["ndcg@10"] for c in caps], yerr=[2 * by_cap[c]["se"]["ndcg@10"] for c in caps],
+                fmt="o-", capsize=3)
+    bx.set(xscale="log", xlabel="history cap (events)", ylabel=f"test NDCG@10 (filter {report['quality_filter']})",
+           title="the model vs its cap (+- 2 SE)")
     bx.minorticks_off()
-    bx.set_xticks([r["cap"] for r in rows], [str(r["cap"]) for r in rows])
+    bx.set_xticks(caps, [str(c) for c in caps])
     save_figure(fig, path)
     plt.close(fig)
 

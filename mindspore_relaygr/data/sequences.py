@@ -20,9 +20,12 @@ from mindspore_relaygr.model.inputs import History
 logger = logging.getLogger(__name__)
 
 
-def build_sequences(data: Interactions, with_user_features: bool = True) -> dict[int, History]:
-    """Dense user id -> chronological History; equal timestamps keep their file order (stable)."""
-    order = np.lexsort((np.arange(len(data)), data.timestamps, data.user_ids))  # last key is primary
+def build_sequences(data: Interactions, with_user_features: bool = True,
+                    tie_seed: int | None = None) -> dict[int, History]:
+    """Dense user id -> chronological History; events with equal timestamps keep their file order, or with
+    `tie_seed` a random order drawn from it (the same for every run with that seed)."""
+    ties = np.arange(len(data)) if tie_seed is None else np.random.default_rng(tie_seed).permutation(len(data))
+    order = np.lexsort((ties, data.timestamps, data.user_ids))  # last key is primary
     users = data.user_ids[order]
     starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
     ends = np.r_[starts[1:], len(users)]
@@ -120,6 +123,7 @@ class EvalExample:
     history: History  # events before the target
     target_id: int
     negative_ids: np.ndarray  # int32 [num_negatives], never in the user's full history
+    earlier_items: np.ndarray  # item ids of every event before the target (uncapped): what a filter reads
 
     @property
     def candidate_ids(self) -> np.ndarray:
@@ -143,7 +147,7 @@ def build_eval_set(split: Split, which: str, num_items: int, rng: np.random.Gene
                               f"lower data.num_eval_negatives")
         negs = sample_negatives(rng, num_items, seen, num_negatives)
         hist = t.history if max_len is None else cap_history(t.history, max_len)
-        examples.append(EvalExample(uid, hist, t.item_id, negs))
+        examples.append(EvalExample(uid, hist, t.item_id, negs, t.history.item_ids))
     return examples
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from mindspore_relaygr.config import TrainConfig
 from mindspore_relaygr.data.sequences import EvalExample, PopularityModel
 from mindspore_relaygr.model.inputs import History
+from mindspore_relaygr.train.eval_filter import REFERENCE_FILTER
 from mindspore_relaygr.train.metrics import full_ranking_ranks, ranking_metrics_at
 from mindspore_relaygr.train.negatives import negative_weights
 
@@ -50,6 +51,11 @@ class NextItemTarget:
 
     history: History
     target_id: int
+    earlier_items: np.ndarray | None = None  # every earlier item (uncapped) the filter reads; None: the history's
+
+    def excluded(self) -> np.ndarray:
+        """The items the reference filter removes from this case's ranking."""
+        return REFERENCE_FILTER.excluded(self.history.item_ids if self.earlier_items is None else self.earlier_items)
 
 
 def as_target(case: Any) -> NextItemTarget:
@@ -60,8 +66,9 @@ def as_target(case: Any) -> NextItemTarget:
     if isinstance(case, tuple):
         history, target = case
         return NextItemTarget(history, int(target))
-    target = case.target_id if hasattr(case, "target_id") else case.item_id
-    return NextItemTarget(case.history, int(target))
+    if hasattr(case, "target_id"):
+        return NextItemTarget(case.history, int(case.target_id), case.earlier_items)
+    return NextItemTarget(case.history, int(case.item_id))  # a sequences.Target: its history is uncapped
 
 
 def _build_cells(num_items: int, tc: TrainConfig, temperature: float) -> tuple[Any, Any, Any]:
@@ -209,9 +216,10 @@ class SASRecTrainer:
         """Up to `train.sasrec_epochs` epochs over the users with >= 2 training events, in shuffled batches.
 
         `valid`: cases with a history and the next item (see `as_target`). Every `eval_every` epochs (and
-        after the last) they are ranked against all items (history excluded); the parameters of the epoch
-        with the best NDCG@10 are kept and restored at the end; with `patience`, training stops after that
-        many validations without a better NDCG@10 (as the HSTU trainer). Metrics per validation go to
+        after the last) they are ranked against all items (the reference filter: the items of the 200 most
+        recent earlier events removed); the parameters of the epoch with the best NDCG@10 are kept and restored
+        at the end; with `patience`, training stops after that many validations without a better NDCG@10 (as
+        the HSTU trainer). Metrics per validation go to
         `self.evals`. `after_validation(self, improved)` runs after each validation (the network holds that
         epoch's weights), e.g. to checkpoint the best epoch so far."""
         from mindspore import Tensor
@@ -308,8 +316,8 @@ class SASRecTrainer:
         return out
 
     def evaluate(self, cases: Iterable[Any], ks: Sequence[int] = (10, 50, 200)) -> dict[str, float]:
-        """Full-ranking HR@k / NDCG@k / MRR of the cases' targets (see `as_target`), each history's items
-        removed from its ranking."""
+        """Full-ranking HR@k / NDCG@k / MRR of the cases' targets (see `as_target`), the items of each user's
+        200 most recent earlier events removed from the ranking (the reference filter)."""
         targets = [as_target(c) for c in cases]
         ranks = []
         step = 4 * self.tc.sasrec_batch_size  # bounds the [rows, num_items + 1] score block
@@ -317,7 +325,7 @@ class SASRecTrainer:
             chunk = targets[start:start + step]
             scores = self.score_all([c.history for c in chunk])
             ranks.append(full_ranking_ranks(scores, np.array([c.target_id for c in chunk]),
-                                            [c.history.item_ids for c in chunk]))
+                                            [c.excluded() for c in chunk]))
         return ranking_metrics_at(np.concatenate(ranks) if ranks else np.zeros(0, np.int64), ks)
 
     def score(self, examples: Sequence[EvalExample]) -> np.ndarray:

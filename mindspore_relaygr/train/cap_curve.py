@@ -3,10 +3,14 @@
 A served ranker sees at most the cap's most recent events of a user's history (the baseline's
 `relay.max_online_len`, or the longest history a P99 budget affords). For every cap the test (or
 validation) split is ranked with full ranking over all items, each history cut to its `cap` most
-recent events and those events' items filtered, through the batched forward that validation uses
-(equal to `rank_full`, which tests check). The model is trained once; only its input shrinks, which
-is what a tighter serving budget does to a deployed model (`relaygr lengths` instead trains one
-model per length).
+recent events, through the batched forward that validation uses (equal to `rank_full`, which tests
+check). The earlier items removed from the ranking follow fixed rules (`eval_filter`) that do not
+depend on the cap: a cap changes what the model reads, never what the evaluation filters. The model
+is trained once; only its input shrinks, which is what a tighter serving budget does to a deployed
+model (`relaygr lengths` instead trains one model per length). Every row holds each metric's
+standard error and, from the second cap on, the paired change from every smaller cap with its
+standard error (the same users ranked twice, so a change is measured far more precisely than
+either metric).
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from typing import Any
 
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.errors import ConfigError
+from mindspore_relaygr.train.eval_filter import DEFAULT_FILTERS, HistoryFilter, check_filters
 
 METRICS = ("hr@10", "ndcg@10", "hr@50", "ndcg@50", "hr@200", "ndcg@200", "mrr")
+PAIRED = ("hr@10", "ndcg@10")  # metrics whose change between caps is reported with its paired error
 
 
 def check_caps(caps: Sequence[int], longest: int) -> list[int]:
@@ -30,17 +36,21 @@ def check_caps(caps: Sequence[int], longest: int) -> list[int]:
     return sorted(set(caps))
 
 
-def quality_vs_cap(config: RelayGRConfig, checkpoint: str | Path, caps: Sequence[int], split: str = "test",
-                   max_users: int | None = None, progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """One row of full-ranking metrics per cap, the same checkpoint throughout."""
+def quality_vs_cap(config: RelayGRConfig, checkpoint: str | Path, caps: Sequence[int | str], split: str = "test",
+                   max_users: int | None = None, progress: Callable[[str], None] = print,
+                   filters: Sequence[HistoryFilter] = DEFAULT_FILTERS) -> dict[str, Any]:
+    """One row of full-ranking metrics per cap ("all": the model's longest history), under every filter, the
+    same checkpoint throughout."""
     from mindspore_relaygr.model.ranker import RelayGRModel
     from mindspore_relaygr.train.dataset import check_checkpoint, prepare_data
     from mindspore_relaygr.train.full_ranking import BatchedScorer, metrics_of, ranking_cases
+    from mindspore_relaygr.train.metrics import paired_difference
 
     data = prepare_data(config)
     config = data.config
     check_checkpoint(config, checkpoint)
-    caps = check_caps(caps, data.max_history_len)
+    filters = check_filters(list(filters))
+    caps = check_caps([data.max_history_len if c == "all" else int(c) for c in caps], data.max_history_len)
     if split not in ("test", "valid"):
         raise ConfigError(f"split {split!r}: expected 'test' or 'valid'")
     if split == "valid" and config.train.train_on_valid:
@@ -49,25 +59,67 @@ def quality_vs_cap(config: RelayGRConfig, checkpoint: str | Path, caps: Sequence
     model.load_checkpoint(str(checkpoint))
     scorer = BatchedScorer(model.net, config.model, data.num_items)
     targets = data.split.test if split == "test" else data.split.valid
-    rows = []
+    rows: list[dict[str, Any]] = []
+    smaller: dict[int, dict[str, Any]] = {}  # cap -> filter name -> ranks
+    first = filters[0].name
     for cap in caps:
         t0 = time.perf_counter()
         cases = ranking_cases(targets, cap, max_users)
-        metrics = metrics_of(scorer.ranks(cases))
-        rows.append({"cap": cap, **{m: metrics[m] for m in METRICS}, "users": metrics["users"],
-                     "capped_users": sum(1 for c in cases if len(targets[c.user_id].history) > cap),
-                     "seconds": time.perf_counter() - t0})
-        progress(f"cap {cap}: HR@10 {metrics['hr@10']:.4f} NDCG@10 {metrics['ndcg@10']:.4f} "
-                 f"({rows[-1]['capped_users']} of {metrics['users']} histories cut, {rows[-1]['seconds']:.0f} s)")
-    return {"checkpoint": str(checkpoint), "split": split, "model_max_history": data.max_history_len, "rows": rows}
+        ranks = scorer.ranks_by_filter(cases, filters)
+        row: dict[str, Any] = {"cap": cap, "users": len(cases),
+                               "capped_users": sum(1 for c in cases if len(targets[c.user_id].history) > cap),
+                               "metrics": {name: metrics_of(r) for name, r in ranks.items()}}
+        row["change_from"] = {  # smaller cap -> filter -> metric -> this cap's value minus that cap's, paired
+            str(c): {name: {m: dict(zip(("diff", "se"), paired_difference(before[name], r, m), strict=True))
+                            for m in PAIRED} for name, r in ranks.items()} for c, before in smaller.items()}
+        row["seconds"] = time.perf_counter() - t0
+        rows.append(row)
+        smaller[cap] = ranks
+        m = row["metrics"][first]
+        progress(f"cap {cap}: HR@10 {m['hr@10']:.4f} NDCG@10 {m['ndcg@10']:.4f} (filter {first}; "
+                 f"{row['capped_users']} of {row['users']} histories cut, {row['seconds']:.0f} s)")
+    return {"checkpoint": str(checkpoint), "split": split, "model_max_history": data.max_history_len,
+            "filters": {f.name: f.rule for f in filters}, "tie_seed": config.data.tie_seed, "rows": rows}
+
+
+def paired_change(report: dict[str, Any], low: int, high: int, metric: str = "ndcg@10",
+                  filter_name: str | None = None) -> dict[str, float] | None:
+    """{"diff", "se"}: `metric` at cap `high` minus at cap `low` over the same users (None when equal caps);
+    KeyError for a pair the report did not measure."""
+    if low == high:
+        return None
+    if low > high:
+        change = paired_change(report, high, low, metric, filter_name)
+        return {"diff": -change["diff"], "se": change["se"]}
+    name = filter_name or next(iter(report["filters"]))
+    row = next(r for r in report["rows"] if r["cap"] == high)
+    return row["change_from"][str(low)][name][metric]
+
+
+def metrics_by_cap(report: dict[str, Any], filter_name: str | None = None) -> dict[int, dict[str, Any]]:
+    """cap -> full-ranking metrics under `filter_name` (default: the report's first filter)."""
+    name = filter_name or next(iter(report["filters"]))
+    if name not in report["filters"]:
+        raise KeyError(f"filter {name!r} is not in the report (it has {list(report['filters'])})")
+    return {r["cap"]: r["metrics"][name] for r in report["rows"]}
 
 
 def format_caps(report: dict[str, Any]) -> str:
-    head = f"{'cap':>6} " + " ".join(f"{m:>9}" for m in METRICS) + f" {'cut':>6}"
-    lines = [f"{report['split']} split, {report['rows'][0]['users']} users, model trained on up to "
-             f"{report['model_max_history']} events: full ranking with each history cut to the cap", head]
-    lines += [f"{r['cap']:>6} " + " ".join(f"{r[m]:>9.4f}" for m in METRICS) + f" {r['capped_users']:>6}"
-              for r in report["rows"]]
+    """One plain-text table per filter: the metrics at every cap, the paired change of NDCG@10 from the
+    previous cap (+- its paired standard error), and how many histories the cap cut."""
+    rows = report["rows"]
+    lines = [f"{report['split']} split, {rows[0]['users']} users, model trained on up to "
+             f"{report['model_max_history']} events: full ranking with each history cut to the cap"]
+    for name, rule in report["filters"].items():
+        head = f"{'cap':>6} " + " ".join(f"{m:>9}" for m in METRICS) + f" {'dNDCG@10 +- se':>18} {'cut':>6}"
+        lines += ["", f"filter {name}: {rule}", head]
+        for i, r in enumerate(rows):
+            change = paired_change(report, rows[i - 1]["cap"], r["cap"], "ndcg@10", name) if i else None
+            delta = f"{change['diff']:+.4f} +- {change['se']:.4f}" if change else "-"
+            lines.append(f"{r['cap']:>6} " + " ".join(f"{r['metrics'][name][m]:>9.4f}" for m in METRICS)
+                         + f" {delta:>18} {r['capped_users']:>6}")
+        se = rows[-1]["metrics"][name]["se"]
+        lines.append(f"standard error of one point: HR@10 {se['hr@10']:.4f}, NDCG@10 {se['ndcg@10']:.4f}")
     return "\n".join(lines)
 
 
@@ -77,18 +129,23 @@ def plot_caps(report: dict[str, Any], path: str | Path) -> None:
 
     plt = pyplot()
     rows = report["rows"]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
     caps = [r["cap"] for r in rows]
-    for metric, style in (("hr@10", "o-"), ("ndcg@10", "s-")):
-        ax.plot(caps, [r[metric] for r in rows], style, label=metric.upper())
+    for i, name in enumerate(report["filters"]):
+        for metric, marker in (("hr@10", "o"), ("ndcg@10", "s")):
+            values = [r["metrics"][name][metric] for r in rows]
+            errors = [2 * r["metrics"][name]["se"][metric] for r in rows]
+            ax.errorbar(caps, values, yerr=errors, fmt=marker + ("-" if i == 0 else "--"), capsize=3,
+                        label=f"{metric.upper()}, filter {name}")
     ax.set_xscale("log")
     ax.minorticks_off()
     ax.set_xticks(caps, [str(c) for c in caps])
     ax.set_xlabel("serving cap (most recent events)")
     ax.set_ylabel("test metric (full ranking)" if report["split"] == "test" else "validation metric")
-    ax.set_title(f"one model (trained on up to {report['model_max_history']} events) vs its input cap")
+    ax.set_title(f"one model (trained on up to {report['model_max_history']} events) vs its input cap\n"
+                 "(bars: +- 2 standard errors of each point)", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     save_figure(fig, path)
     plt.close(fig)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mindspore_relaygr.config import RelayGRConfig, load_config
 from mindspore_relaygr.shipped_configs import config_arg, config_help
+from mindspore_relaygr.train.eval_filter import DEFAULT_FILTERS, HistoryFilter, check_filters, parse_filter
 
 BASELINES = ("popularity", "sasrec")
 SASREC_CHECKPOINT = "sasrec.ckpt"
@@ -87,9 +88,20 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _filters_ok(args: argparse.Namespace) -> bool:
+    try:
+        check_filters(args.filter)
+    except ValueError as exc:
+        print(f"--filter: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from mindspore_relaygr.train.evaluate import format_table, run_evaluation, write_report
 
+    if not _filters_ok(args):
+        return 2
     cfg = _checkpoint_config(args)
     if args.split == "valid" and cfg.train.train_on_valid:
         print("--split valid: this model trained on the validation events (train.train_on_valid); evaluate "
@@ -101,7 +113,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print("--sasrec-checkpoint needs the sasrec baseline (see --baselines)", file=sys.stderr)
         return 2
     report = run_evaluation(cfg, args.checkpoint, args.split, args.suffix_len, baselines, args.max_users,
-                            progress=_progress("eval"), sasrec_checkpoint=args.sasrec_checkpoint)
+                            progress=_progress("eval"), sasrec_checkpoint=args.sasrec_checkpoint,
+                            filters=args.filter)
     report["wall_seconds"] = time.perf_counter() - t0
     print(format_table(report))
     out = Path(args.out) if args.out else Path(args.checkpoint).parent / f"eval_{args.split}.json"
@@ -113,12 +126,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_caps(args: argparse.Namespace) -> int:
     from mindspore_relaygr.train.cap_curve import format_caps, quality_vs_cap, write_caps
 
+    if not _filters_ok(args):
+        return 2
     cfg = _checkpoint_config(args)
-    report = quality_vs_cap(cfg, args.checkpoint, args.caps, args.split, args.max_users, progress=_progress("caps"))
+    report = quality_vs_cap(cfg, args.checkpoint, args.caps, args.split, args.max_users, progress=_progress("caps"),
+                            filters=args.filter)
     print(format_caps(report))
     out = Path(args.out) if args.out else Path(args.checkpoint).parent / f"caps_{args.split}.json"
     write_caps(report, out)
     print(f"wrote {out} and {out.with_suffix('.png').name}")
+    return 0
+
+
+def cmd_ties(args: argparse.Namespace) -> int:
+    import json
+
+    from mindspore_relaygr.bench.machine import machine_info
+    from mindspore_relaygr.train.tie_order import format_ties, tie_order_spread
+
+    if not _filters_ok(args):
+        return 2
+    if len(set(args.seeds)) != len(args.seeds):
+        print(f"--seeds {args.seeds}: a seed is listed twice", file=sys.stderr)
+        return 2
+    report = tie_order_spread(_checkpoint_config(args), args.checkpoint, args.seeds, args.filter, args.max_users,
+                              progress=_progress("ties"))
+    report["machine"] = machine_info()
+    print(format_ties(report))
+    out = Path(args.out) if args.out else Path(args.checkpoint).parent / "ties_test.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
     return 0
 
 
@@ -176,10 +213,34 @@ def cmd_lengths(args: argparse.Namespace) -> int:
 
 
 def _positive_lengths(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"history length must be a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"history length must be >= 1, got {value}")
     return value
+
+
+def _cap(text: str) -> int | str:
+    """A history cap: a positive number of events, or "all" (the model's longest history)."""
+    return "all" if text.strip().lower() == "all" else _positive_lengths(text)
+
+
+def _filter(text: str) -> HistoryFilter:
+    try:
+        return parse_filter(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _filter_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--filter", type=_filter, nargs="+", default=list(DEFAULT_FILTERS), metavar="RULE",
+        help="which earlier items full ranking removes, fixed whatever the model reads: recentN (the items of the "
+             "N most recent earlier events; recent200 is the generative-recommenders reference), all (every "
+             "earlier item) or none; several give one table each, the first is the summary's "
+             "(default: recent200 all)")
 
 
 def _config_args(parser: argparse.ArgumentParser, default: str | None) -> None:
@@ -215,6 +276,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="baselines in the same run (default: both; SASRec trains for train.sasrec_epochs)")
     ev.add_argument("--no-baselines", action="store_true", help="skip every baseline")
     ev.add_argument("--sasrec-checkpoint", help="SASRec weights from `relaygr baseline` instead of training one")
+    _filter_args(ev)
     ev.add_argument("--out", help="report JSON (default: eval_<split>.json next to the checkpoint)")
     ev.set_defaults(func=cmd_eval)
 
@@ -246,9 +308,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     caps = subparsers.add_parser("caps", help="quality of one trained model vs the serving cap on its histories")
     caps.add_argument("--checkpoint", required=True, help="checkpoint written by `relaygr train`")
     _config_args(caps, None)
-    caps.add_argument("--caps", type=_positive_lengths, nargs="+", required=True,
-                      help="history caps (most recent events), each at most the model's history length")
+    caps.add_argument("--caps", type=_cap, nargs="+", required=True,
+                      help="history caps (most recent events), each at most the model's history length, or all")
+    _filter_args(caps)
     caps.add_argument("--split", choices=("test", "valid"), default="test")
     caps.add_argument("--max-users", type=int, default=None, help="evaluate only the first N users")
     caps.add_argument("--out", help="JSON, with a PNG next to it (default: caps_<split>.json next to the checkpoint)")
     caps.set_defaults(func=cmd_caps)
+
+    ties = subparsers.add_parser("ties", help="how much the order of equal timestamps moves the test metrics")
+    ties.add_argument("--checkpoint", required=True, help="checkpoint written by `relaygr train`")
+    _config_args(ties, None)
+    ties.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5],
+                      help="data.tie_seed of each random order (the file order is always measured too)")
+    ties.add_argument("--max-users", type=int, default=None, help="evaluate only the first N users")
+    _filter_args(ties)
+    ties.add_argument("--out", help="report JSON (default: ties_test.json next to the checkpoint)")
+    ties.set_defaults(func=cmd_ties)

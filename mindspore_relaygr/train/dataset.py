@@ -141,7 +141,7 @@ def prepare_data(config: RelayGRConfig, interactions: Interactions | None = None
     by them."""
     data = interactions if interactions is not None else load_interactions(config.data)
     config = sized_config(config, data)
-    sequences = build_sequences(data, with_user_features=config.model.has_user_token)
+    sequences = build_sequences(data, with_user_features=config.model.has_user_token, tie_seed=config.data.tie_seed)
     split = leave_one_out(sequences, config.data.min_events)
     logger.info("data: %d users (%d evaluated), %d items, %d events", data.num_users, len(split.test),
                 data.num_items, len(data))

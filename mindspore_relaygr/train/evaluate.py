@@ -1,7 +1,9 @@
 """Leave-one-out evaluation of a checkpoint and the baselines, in two protocols on the same users.
 
-- **full ranking** (the generative-recommenders protocol): the target among all items, the items of the
-  evaluated history removed from the ranking; HR@10/50/200, NDCG@10/50/200, MRR;
+- **full ranking** (the generative-recommenders protocol): the target among all items, the earlier items a
+  fixed rule names removed from the ranking (`eval_filter`: by default the reference rule, the items of the
+  200 most recent earlier events, and "every earlier item" next to it; never the model's history length);
+  HR@10/50/200, NDCG@10/50/200, MRR, each with its standard error over the users;
 - **sampled**: the target among `data.num_eval_negatives` negatives the user never rated (drawn from
   `data.eval_seed`, the same for every model); HR@10, NDCG@10, MRR, AUC.
 
@@ -30,6 +32,7 @@ import numpy as np
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.data.sequences import EvalExample, PopularityModel
 from mindspore_relaygr.train.dataset import PreparedData, check_checkpoint, prepare_data, sized_config
+from mindspore_relaygr.train.eval_filter import DEFAULT_FILTERS, HistoryFilter, check_filters
 from mindspore_relaygr.train.full_ranking import (
     RankingCase,
     batch_ranks,
@@ -65,7 +68,7 @@ def evaluate_examples(scores: np.ndarray, num_users: int) -> dict[str, float]:
 
 def cases_of(examples: Sequence[EvalExample]) -> list[RankingCase]:
     """The full-ranking cases of the sampled examples (same users, histories and targets)."""
-    return [RankingCase(e.user_id, e.history, e.target_id) for e in examples]
+    return [RankingCase(e.user_id, e.history, e.target_id, e.earlier_items) for e in examples]
 
 
 def score_all_items(score: Callable[[Any], np.ndarray], examples: Sequence[EvalExample],
@@ -79,22 +82,28 @@ def score_all_items(score: Callable[[Any], np.ndarray], examples: Sequence[EvalE
     return np.stack(rows)
 
 
-def protocol_rows(scores: np.ndarray, examples: Sequence[EvalExample]) -> dict[str, dict[str, float]]:
-    """Both protocols from all-item scores [B, num_items + 1]."""
+def protocol_rows(scores: np.ndarray, examples: Sequence[EvalExample],
+                  filters: Sequence[HistoryFilter] = DEFAULT_FILTERS) -> dict[str, dict[str, Any]]:
+    """Both protocols from all-item scores [B, num_items + 1]: "full" maps each filter's name to its metrics."""
     sampled = np.take_along_axis(scores, np.stack([e.candidate_ids for e in examples]), axis=1)
-    return {"full": metrics_of(batch_ranks(scores, cases_of(examples))),
+    cases = cases_of(examples)
+    return {"full": {f.name: metrics_of(batch_ranks(scores, cases, f)) for f in filters},
             "sampled": evaluate_examples(sampled.astype(np.float64), len(examples))}
 
 
 def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "test", suffix_len: int = 8,
                    baselines: Sequence[str] = ("popularity", "sasrec"), max_users: int | None = None,
                    data: PreparedData | None = None, progress: Progress | None = None,
-                   sasrec_checkpoint: str | Path | None = None) -> dict[str, Any]:
+                   sasrec_checkpoint: str | Path | None = None,
+                   filters: Sequence[HistoryFilter] = DEFAULT_FILTERS) -> dict[str, Any]:
     """Evaluate the checkpoint (both paths) and the baselines; returns the report (see `format_table`).
-    SASRec is trained in the run unless `sasrec_checkpoint` (written by `relaygr baseline`) is given."""
+    SASRec is trained in the run unless `sasrec_checkpoint` (written by `relaygr baseline`) is given. Full
+    ranking is measured under every filter (the first is the one the progress lines and path check use)."""
     from mindspore_relaygr.model.ranker import RelayGRModel
 
     say = progress or (lambda msg: logger.info("%s", msg))
+    filters = check_filters(list(filters))
+    first = filters[0].name
     data = data if data is not None else prepare_data(config)
     config = sized_config(config, data.interactions)
     check_checkpoint(config, checkpoint)
@@ -109,10 +118,10 @@ def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "
         say(f"{name}: scoring all {data.num_items} items for {len(examples)} users")
         t0 = time.perf_counter()
         scores[name] = fn()
-        rows[name] = {**protocol_rows(scores[name], examples), "seconds": time.perf_counter() - t0}
-        full = rows[name]["full"]
-        say(f"{name}: HR@10 {full['hr@10']:.4f} NDCG@10 {full['ndcg@10']:.4f} (all items); sampled HR@10 "
-            f"{rows[name]['sampled']['hr@10']:.4f} ({rows[name]['seconds']:.0f} s)")
+        rows[name] = {**protocol_rows(scores[name], examples, filters), "seconds": time.perf_counter() - t0}
+        full = rows[name]["full"][first]
+        say(f"{name}: HR@10 {full['hr@10']:.4f} NDCG@10 {full['ndcg@10']:.4f} (all items, filter {first}); "
+            f"sampled HR@10 {rows[name]['sampled']['hr@10']:.4f} ({rows[name]['seconds']:.0f} s)")
 
     full_name, relay_name = "ours (full path)", f"ours (relay path, suffix {suffix_len})"
     timed(full_name, lambda: score_all_items(lambda h: full_path_logits(model, h, chunks), examples, say))
@@ -127,8 +136,9 @@ def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "
     identical = rows[full_name]["full"] == rows[relay_name]["full"] and \
         rows[full_name]["sampled"] == rows[relay_name]["sampled"]
     diff = np.abs(scores[full_name][:, 1:] - scores[relay_name][:, 1:])  # column 0 is padding (-inf)
-    agreement = path_agreement(scores[full_name], scores[relay_name], examples)
-    return {"split": which, "users": len(examples), "num_items": data.num_items,
+    agreement = path_agreement(scores[full_name], scores[relay_name], examples, filters[0])
+    return {"split": which, "filters": {f.name: f.rule for f in filters}, "tie_seed": config.data.tie_seed,
+            "users": len(examples), "num_items": data.num_items,
             "num_negatives": data.num_eval_negatives, "suffix_len": suffix_len, "checkpoint": str(checkpoint),
             "model_version": config.model.version, "data_source": data.interactions.source,
             "max_history_len": data.max_history_len, "max_abs_diff_full_vs_relay": float(diff.max()),
@@ -136,6 +146,7 @@ def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "
 
 
 def path_agreement(full: np.ndarray, relay: np.ndarray, examples: Sequence[EvalExample],
+                   history_filter: HistoryFilter = DEFAULT_FILTERS[0],
                    tolerance: float = R1_TOLERANCE) -> dict[str, Any]:
     """Do the relay path's all-item scores rank every target as the full path's do?
 
@@ -144,7 +155,7 @@ def path_agreement(full: np.ndarray, relay: np.ndarray, examples: Sequence[EvalE
     items per user this happens). `paths_agree` holds when every score is within tolerance and every
     target's rank differs by at most the number of its near-ties."""
     cases = cases_of(examples)
-    ranks_full, ranks_relay = batch_ranks(full, cases), batch_ranks(relay, cases)
+    ranks_full, ranks_relay = batch_ranks(full, cases, history_filter), batch_ranks(relay, cases, history_filter)
     targets = np.array([e.target_id for e in examples])
     gap = np.abs(full - full[np.arange(len(examples)), targets][:, None])
     near = np.array([int(np.sum(np.delete(g[1:] <= 2 * tolerance, t - 1))) for g, t in zip(gap, targets, strict=True)])
@@ -191,13 +202,18 @@ def format_table(report: dict[str, Any]) -> str:
     """Plain-text tables of the report's rows, one per protocol."""
     lines = [f"{report['split']} split, {report['users']} users, histories of at most {report['max_history_len']} "
              f"events"]
-    for protocol, names, title in (
-            ("full", FULL_METRICS, f"all {report['num_items']} items ranked, history items filtered"),
-            ("sampled", SAMPLED_METRICS, f"target + {report['num_negatives']} sampled negatives")):
+    tables = [(lambda row, f=f: row["full"][f], FULL_METRICS,
+               f"all {report['num_items']} items ranked, filter {f}: {rule}") for f, rule in report["filters"].items()]
+    tables.append((lambda row: row["sampled"], SAMPLED_METRICS,
+                   f"target + {report['num_negatives']} sampled negatives"))
+    for pick, names, title in tables:
         head = f"{'model':<34}" + "".join(f"{m:>9}" for m in names)
         lines += ["", title, head, "-" * len(head)]
         for name, row in report["rows"].items():
-            lines.append(f"{name:<34}" + "".join(f"{row[protocol][m]:>9.4f}" for m in names))
+            lines.append(f"{name:<34}" + "".join(f"{pick(row)[m]:>9.4f}" for m in names))
+    se = next(iter(report["rows"].values()))["full"][next(iter(report["filters"]))]["se"]
+    lines.append(f"standard errors over the {report['users']} users (first model, first filter): HR@10 "
+                 f"{se['hr@10']:.4f}, NDCG@10 {se['ndcg@10']:.4f}")
     lines.append(f"max |full - relay| engage logit = {report['max_abs_diff_full_vs_relay']:.2e}; "
                  f"metrics identical: {report['identical_metrics']}; targets ranked differently: "
                  f"{report['rank_differences']} (all by near-ties within 2 x {report['r1_tolerance']:g}: "

@@ -1,9 +1,10 @@
 """Full-ranking evaluation (the generative-recommenders protocol): the target among all items.
 
 For each evaluated user: the history (the most recent `max_history_len` events before the target) is scored
-against every item id, the items of that history are removed from the ranking (the target never is), and the
-target's 1-based rank gives HR@K / NDCG@K / MRR (`train.metrics`). Our ranker scores items as candidates
-(M-FALCON) in chunks of the largest candidate bucket, through the full path or the relay path.
+against every item id, the earlier items a fixed rule names (`eval_filter`; validation uses the reference
+rule: those of the 200 most recent events, whatever the model reads) are removed from the ranking (the target
+never is), and the target's 1-based rank gives HR@K / NDCG@K / MRR (`train.metrics`). Our ranker scores items
+as candidates (M-FALCON) in chunks of the largest candidate bucket, through the full path or the relay path.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from mindspore_relaygr.data.sequences import Target, cap_history
 from mindspore_relaygr.model.batch_index import RabIndex
 from mindspore_relaygr.model.inputs import History
 from mindspore_relaygr.train.batches import FORWARD_FIELDS, history_bucket, ranking_row
-from mindspore_relaygr.train.metrics import full_ranking_ranks, ranking_metrics_at
+from mindspore_relaygr.train.eval_filter import REFERENCE_FILTER, HistoryFilter
+from mindspore_relaygr.train.metrics import full_ranking_ranks, ranking_metrics_at, standard_errors_at
 
 KS = (10, 50, 200)
 ENGAGE = 0
@@ -31,14 +33,20 @@ class RankingCase:
     """One user's full-ranking task."""
 
     user_id: int
-    history: History  # capped to the model's history length; its items are excluded from the ranking
+    history: History  # what the model reads: the events before the target, capped
     target_id: int
+    earlier_items: np.ndarray  # item ids of every event before the target (uncapped): what a filter reads
+
+    def excluded(self, history_filter: HistoryFilter) -> np.ndarray:
+        """The item ids `history_filter` removes from this case's ranking."""
+        return history_filter.excluded(self.earlier_items)
 
 
 def ranking_cases(targets: Mapping[int, Target], max_len: int, max_users: int | None = None) -> list[RankingCase]:
-    """Cases for the `targets` of a split (ascending user id; the first `max_users` when given)."""
-    cases = [RankingCase(uid, cap_history(targets[uid].history, max_len), targets[uid].item_id)
-             for uid in sorted(targets)]
+    """Cases for the `targets` of a split (ascending user id; the first `max_users` when given), each history
+    capped to `max_len` events; the filter still sees every earlier event."""
+    cases = [RankingCase(uid, cap_history(targets[uid].history, max_len), targets[uid].item_id,
+                         targets[uid].history.item_ids) for uid in sorted(targets)]
     return cases if max_users is None else cases[:max_users]
 
 
@@ -102,14 +110,19 @@ class BatchedScorer:
         self.cell = ScoreAll()
         self.cell.set_train(False)
 
-    def ranks(self, cases: Sequence[RankingCase]) -> np.ndarray:
-        """1-based full-ranking ranks of every case's target (history items filtered)."""
+    def ranks(self, cases: Sequence[RankingCase], history_filter: HistoryFilter = REFERENCE_FILTER) -> np.ndarray:
+        """1-based full-ranking ranks of every case's target, the items `history_filter` names removed."""
+        return self.ranks_by_filter(cases, (history_filter,))[history_filter.name]
+
+    def ranks_by_filter(self, cases: Sequence[RankingCase],
+                        filters: Sequence[HistoryFilter]) -> dict[str, np.ndarray]:
+        """`ranks` under every filter (filter name -> ranks), the scores computed once."""
         from mindspore import Tensor
 
         by_bucket: dict[int, list[int]] = {}
         for i, case in enumerate(cases):
             by_bucket.setdefault(history_bucket(self.cfg, len(case.history)), []).append(i)
-        ranks = np.zeros(len(cases), np.int64)
+        ranks = {f.name: np.zeros(len(cases), np.int64) for f in filters}
         for bucket, members in sorted(by_bucket.items()):
             for s in range(0, len(members), self.batch_size):
                 chunk = members[s:s + self.batch_size]
@@ -119,15 +132,18 @@ class BatchedScorer:
                 last = np.array([i * bucket + int(r["valid"].sum()) - 1 for i, r in enumerate(rows)], np.int32)
                 logits = self.cell(*arrays, Tensor(last)).asnumpy()[: len(chunk)]
                 scores = np.concatenate([np.full((len(chunk), 1), -np.inf, np.float32), logits], axis=1)
-                ranks[chunk] = batch_ranks(scores, [cases[i] for i in chunk])
+                for f in filters:
+                    ranks[f.name][chunk] = batch_ranks(scores, [cases[i] for i in chunk], f)
         return ranks
 
 
-def batch_ranks(scores: np.ndarray, cases: Sequence[RankingCase]) -> np.ndarray:
-    """Ranks for precomputed scores [B, num_items + 1] (one row per case)."""
-    return full_ranking_ranks(scores, np.array([c.target_id for c in cases]), [c.history.item_ids for c in cases])
+def batch_ranks(scores: np.ndarray, cases: Sequence[RankingCase], history_filter: HistoryFilter) -> np.ndarray:
+    """Ranks for precomputed scores [B, num_items + 1] (one row per case), `history_filter`'s items removed."""
+    return full_ranking_ranks(scores, np.array([c.target_id for c in cases]),
+                              [c.excluded(history_filter) for c in cases])
 
 
-def metrics_of(ranks: np.ndarray) -> dict[str, float]:
-    """HR@K, NDCG@K (K in 10, 50, 200) and MRR of 1-based ranks, plus the number of users."""
-    return {**ranking_metrics_at(ranks, KS), "users": int(len(ranks))}
+def metrics_of(ranks: np.ndarray) -> dict[str, Any]:
+    """HR@K, NDCG@K (K in 10, 50, 200) and MRR of 1-based ranks, the number of users, and each metric's
+    standard error over those users under "se"."""
+    return {**ranking_metrics_at(ranks, KS), "users": int(len(ranks)), "se": standard_errors_at(ranks, KS)}

@@ -2,7 +2,8 @@
 
 For every length L the same recipe (the given config) is trained with `model.max_seq_len = L + 1` (the user
 token and L events), length buckets up to it, and evaluated on the test split with full ranking over all
-items (history filtered; the history is the L most recent events before the target). Each length's run lives
+items (the history is the L most recent events before the target; the filtered items follow fixed rules,
+`eval_filter`, the same at every L, so a longer model is not credited with filtering more). Each length's run lives
 in `OUTPUT_DIR/len_<L>/`; a length whose evaluation report exists is not run again, and one whose training
 was interrupted resumes from its last epoch, so a stopped sweep continues where it stopped. The sweep writes
 `length_curve.json` (one row per length) and `length_curve.png` (HR@10 and NDCG@10 vs L).
@@ -17,6 +18,7 @@ from typing import Any
 
 from mindspore_relaygr.bench.plots import pyplot, save_figure
 from mindspore_relaygr.config import load_config
+from mindspore_relaygr.errors import ConfigError
 
 BASE_BUCKETS = (64, 128, 256, 512, 1024, 2048)
 CURVE_JSON, CURVE_PLOT, EVAL_NAME = "length_curve.json", "length_curve.png", "eval_test.json"
@@ -34,9 +36,16 @@ def length_overrides(max_len: int, output_dir: Path) -> list[str]:
 
 
 def curve_row(max_len: int, report: dict[str, Any], train_metrics: dict[str, Any]) -> dict[str, Any]:
-    """One row of the curve: test metrics of the full path, and how the point was trained."""
-    full = next(v for k, v in report["rows"].items() if k.startswith("ours (full"))["full"]
-    return {"max_len": max_len, **{m: full[m] for m in METRICS}, "users": full["users"],
+    """One row of the curve: test metrics of the full path under the report's first filter (with their
+    standard errors and every filter's metrics under "by_filter"), and how the point was trained."""
+    if "filters" not in report:
+        raise ConfigError("an evaluation report without fixed filters (written before `eval_filter`): delete "
+                          "its eval_test.json to evaluate the length again")
+    by_filter = next(v for k, v in report["rows"].items() if k.startswith("ours (full"))["full"]
+    first = next(iter(report["filters"]))
+    full = by_filter[first]
+    return {"max_len": max_len, "filter": first, **{m: full[m] for m in METRICS}, "se": full["se"],
+            "users": full["users"], "by_filter": by_filter,
             "best_epoch": train_metrics["best"]["epoch"], "epochs_run": len(train_metrics["epoch_losses"]),
             "train_seconds": train_metrics["train_seconds"], "tokens_per_s": train_metrics["tokens_per_s"]}
 
@@ -72,12 +81,15 @@ def run_length_curve(config_path: str | Path, lengths: Sequence[int], output_dir
 
 
 def format_curve(rows: Sequence[dict[str, Any]]) -> str:
-    """A plain-text table of the curve."""
+    """A plain-text table of the curve (the first filter's metrics; standard errors under it)."""
     head = f"{'max len':>8} " + " ".join(f"{m:>9}" for m in METRICS) + f" {'epochs':>7} {'train s':>8}"
-    lines = [head]
+    lines = [f"filter {rows[0]['filter']}" if rows else "", head]
     for r in rows:
         lines.append(f"{r['max_len']:>8} " + " ".join(f"{r[m]:>9.4f}" for m in METRICS)
                      + f" {r['epochs_run']:>7} {r['train_seconds']:>8.0f}")
+    if rows:
+        se = rows[-1]["se"]
+        lines.append(f"standard error of one point: HR@10 {se['hr@10']:.4f}, NDCG@10 {se['ndcg@10']:.4f}")
     return "\n".join(lines)
 
 
@@ -88,13 +100,15 @@ def plot_length_curve(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     lengths = [r["max_len"] for r in rows]
     for key, style in (("hr@10", "o-"), ("ndcg@10", "s-")):
-        ax.plot(lengths, [r[key] for r in rows], style, label=key)
+        ax.errorbar(lengths, [r[key] for r in rows], yerr=[2 * r["se"][key] for r in rows], fmt=style, capsize=3,
+                    label=key)
     ax.set_xscale("log")
     ax.minorticks_off()
     ax.set_xticks(lengths, [str(n) for n in lengths])
     users = rows[0]["users"] if rows else 0
     ax.set(xlabel="longest history (events)", ylabel="test metric",
-           title=f"quality vs history length ({users} users, all items)")
+           title=f"quality vs history length ({users} users, all items, filter "
+                 f"{rows[0]['filter'] if rows else '-'}; +- 2 SE)")
     ax.legend()
     save_figure(fig, path, dpi=110)
     plt.close(fig)

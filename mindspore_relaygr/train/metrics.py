@@ -113,3 +113,41 @@ def ranking_metrics_at(ranks: np.ndarray, ks: Sequence[int] = (10, 50, 200)) -> 
         out[f"ndcg@{k}"] = ndcg_at_k(ranks, k)
     out["mrr"] = mrr(ranks)
     return out
+
+
+def per_user_values(ranks: np.ndarray, metric: str) -> np.ndarray:
+    """Each user's contribution to `metric` ("hr@k", "ndcg@k" or "mrr"): the metric is their mean."""
+    r = _ranks(ranks)
+    if metric == "mrr":
+        return 1.0 / r
+    name, _, k_text = metric.partition("@")
+    if name not in ("hr", "ndcg") or not k_text.isdigit():
+        raise ValueError(f"metric {metric!r}: expected hr@k, ndcg@k or mrr")
+    k = int(k_text)
+    _check_k(k)
+    if name == "hr":
+        return (r <= k).astype(np.float64)
+    return np.where(r <= k, 1.0 / np.log2(r + 1.0), 0.0)
+
+
+def standard_error(values: np.ndarray) -> float:
+    """Standard error of the mean of per-user values (sample standard deviation / sqrt(n); 0 for one user)."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    if v.size < 2:
+        return 0.0
+    return float(np.std(v, ddof=1) / np.sqrt(v.size))
+
+
+def standard_errors_at(ranks: np.ndarray, ks: Sequence[int] = (10, 50, 200)) -> dict[str, float]:
+    """The standard error of every metric of `ranking_metrics_at` over the same users."""
+    names = [m for k in ks for m in (f"hr@{k}", f"ndcg@{k}")] + ["mrr"]
+    return {m: standard_error(per_user_values(ranks, m)) for m in names}
+
+
+def paired_difference(ranks_a: np.ndarray, ranks_b: np.ndarray, metric: str) -> tuple[float, float]:
+    """(mean of b - a, its standard error) for two evaluations of the same users in the same order: the
+    paired error of a difference, much smaller than either metric's own when the two rank alike."""
+    a, b = per_user_values(ranks_a, metric), per_user_values(ranks_b, metric)
+    if a.shape != b.shape:
+        raise ValueError(f"paired ranks must cover the same users: {a.size} and {b.size}")
+    return float(np.mean(b - a)), standard_error(b - a)

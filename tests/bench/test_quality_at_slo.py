@@ -12,15 +12,25 @@ from tests.train.conftest import synthetic_overrides, write_synthetic_movielens
 
 
 def test_each_modes_compliant_cap_becomes_its_quality():
-    quality = {100: {"ndcg@10": 0.15, "hr@10": 0.27}, 400: {"ndcg@10": 0.17, "hr@10": 0.30}}
+    def metrics(ndcg, hr):
+        return {"ndcg@10": ndcg, "hr@10": hr}
+
+    quality = {"filters": {"recent200": "...", "all": "..."}, "rows": [
+        {"cap": 100, "metrics": {"recent200": metrics(0.15, 0.27), "all": metrics(0.16, 0.28)}, "change_from": {}},
+        {"cap": 400, "metrics": {"recent200": metrics(0.17, 0.30), "all": metrics(0.19, 0.31)},
+         "change_from": {"100": {"recent200": {"ndcg@10": {"diff": 0.02, "se": 0.003}},
+                                 "all": {"ndcg@10": {"diff": 0.03, "se": 0.004}}}}}]}
     by_slo = [{"slo_ms": 20.0, "baseline": None, "relay": 100, "ratio": math.inf},
-              {"slo_ms": 40.0, "baseline": 100, "relay": 400, "ratio": 4.0}]
+              {"slo_ms": 40.0, "baseline": 100, "relay": 400, "ratio": 4.0},
+              {"slo_ms": 60.0, "baseline": 400, "relay": 400, "ratio": 1.0}]
     rows = quality_rows(by_slo, quality)
     assert rows[0]["baseline"]["cap"] == 0 and math.isnan(rows[0]["baseline"]["ndcg@10"])
-    assert rows[0]["relay"] == {"cap": 100, "ndcg@10": 0.15, "hr@10": 0.27}
-    assert math.isnan(rows[0]["ndcg_gain"])
+    assert rows[0]["relay"] == {"cap": 100, "ndcg@10": 0.15, "hr@10": 0.27}  # the first filter's metrics
+    assert math.isnan(rows[0]["ndcg_gain"]) and math.isnan(rows[0]["ndcg_gain_se"])
     assert rows[1]["cap_ratio"] == 4.0 and rows[1]["ndcg_gain"] == pytest.approx(0.02)
+    assert rows[1]["ndcg_gain_se"] == 0.003  # the paired error of the same users at both caps
     assert rows[1]["relay"]["hr@10"] == 0.30
+    assert rows[2]["ndcg_gain"] == 0.0 and rows[2]["ndcg_gain_se"] == 0.0
 
 
 @pytest.mark.slow
@@ -45,7 +55,8 @@ def test_quality_at_slo_command_end_to_end(tmp_path, capsys):
                  "--workload", str(workload), "--caps", "4", "8", "--qps", "20", "--loads", "20",
                  "--slo-ms", "5000", "--cap-events", "8", "--candidates", "16", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    caps_quality = {r["cap"]: r["ndcg@10"] for r in report["quality"]["rows"]}
+    assert report["quality_filter"] == "recent200" and list(report["quality"]["filters"]) == ["recent200", "all"]
+    caps_quality = {r["cap"]: r["metrics"]["recent200"]["ndcg@10"] for r in report["quality"]["rows"]}
     at_run_budget = next(r for r in report["table"] if r["slo_ms"] == 5000)
     assert at_run_budget["baseline"]["cap"] == at_run_budget["relay"]["cap"] == 8
     assert at_run_budget["relay"]["ndcg@10"] == caps_quality[8]
@@ -85,12 +96,13 @@ def test_truncated_ranks_are_scored_on_the_events_they_used(tmp_path):
     assert cost["relay@8"]["ndcg@10_truncated"] != cost["relay@8"]["ndcg@10_whole"]  # the cut matters here
     chunks = item_chunks(timeline.num_items, max(cfg.model.candidate_buckets))
     for key, events in (("truncated", [r["ranked_events"] for r in rows]), ("whole", [None] * len(rows))):
-        hists, targets = [], []
+        hists, targets, filtered = [], [], []
         for req, n in zip(timeline.requests, events, strict=True):
             h = timeline.with_spec(max_len=8).history(req)
             hists.append(h if n is None else h.slice(len(h) - n))
             targets.append(timeline.sequences[req.user].item_ids[req.end])
+            filtered.append(timeline.sequences[req.user].item_ids[:req.end][-200:])  # the reference filter
         scores = np.stack([full_path_logits(model, h, chunks) for h in hists])
-        expected = ranking_metrics_at(full_ranking_ranks(scores, np.array(targets), [h.item_ids for h in hists]))
+        expected = ranking_metrics_at(full_ranking_ranks(scores, np.array(targets), filtered))
         assert cost["relay@8"][f"ndcg@10_{key}"] == pytest.approx(expected["ndcg@10"], abs=1e-9)
         assert cost["relay@8"][f"hr@10_{key}"] == pytest.approx(expected["hr@10"], abs=1e-9)

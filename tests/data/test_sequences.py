@@ -58,6 +58,24 @@ def test_build_sequences_chronological_and_stable(sequences: dict[int, History])
     assert build_sequences(make_interactions(ROWS), with_user_features=False)[1].user_features is None
 
 
+def test_a_tie_seed_shuffles_only_equal_timestamps() -> None:
+    """Ten events in one second between two others: a seed reorders the ten (the same way every time), the
+    rest stay in time order, and each event keeps its own action and label."""
+    rows = [(1, 100, 1, 50)] + [(1, item, 1 + item % 5, 60) for item in range(1, 11)] + [(1, 200, 2, 70)]
+    data = make_interactions(rows)
+    file_order = build_sequences(data, with_user_features=False)[1]
+    np.testing.assert_array_equal(file_order.item_ids, [100, *range(1, 11), 200])
+    orders = []
+    for seed in (1, 2, 1):
+        seq = build_sequences(data, with_user_features=False, tie_seed=seed)[1]
+        assert seq.item_ids[0] == 100 and seq.item_ids[-1] == 200
+        assert sorted(seq.item_ids[1:-1].tolist()) == list(range(1, 11))
+        np.testing.assert_array_equal(seq.timestamps, file_order.timestamps)
+        np.testing.assert_array_equal(seq.action_ids[1:-1], seq.item_ids[1:-1] % 5)  # rating 1 + item % 5
+        orders.append(seq.item_ids.tolist())
+    assert orders[0] == orders[2] and orders[0] != orders[1] and orders[0] != file_order.item_ids.tolist()
+
+
 def test_cap_history_keeps_most_recent(sequences: dict[int, History]) -> None:
     np.testing.assert_array_equal(cap_history(sequences[1], 2).item_ids, [10, 40])
     np.testing.assert_array_equal(cap_history(sequences[1], 2).timestamps, [300, 400])

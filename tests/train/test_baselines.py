@@ -78,7 +78,8 @@ def test_score_all_shape_and_padding_column(setup) -> None:
 
 def test_score_takes_the_candidate_columns(setup) -> None:
     trainer, test = setup["trainer"], setup["test"]
-    examples = [EvalExample(i, c.history, c.target_id, np.array([1, 2, 3], np.int32)) for i, c in enumerate(test[:5])]
+    examples = [EvalExample(i, c.history, c.target_id, np.array([1, 2, 3], np.int32), c.history.item_ids)
+                for i, c in enumerate(test[:5])]
     got = trainer.score(examples)
     full = trainer.score_all([e.history for e in examples])
     assert got.shape == (5, 4) and got.dtype == np.float64
@@ -146,7 +147,9 @@ def test_as_target_accepts_the_evaluation_types() -> None:
     expected = NextItemTarget(h, 3)
     assert as_target(expected) is expected
     assert as_target((h, 3)) == expected
-    assert as_target(EvalExample(7, h, 3, np.array([5], np.int32))) == expected
+    earlier = np.array([9, 1, 2], np.int32)  # the uncapped history the filter reads
+    got = as_target(EvalExample(7, h, 3, np.array([5], np.int32), earlier))
+    assert got.history is h and got.target_id == 3 and got.earlier_items is earlier
     assert as_target(Target(h, 3, 0, 0)) == expected
 
 

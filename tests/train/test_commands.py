@@ -74,7 +74,7 @@ def test_baseline_checkpoint_is_reused_by_eval(synthetic_data_path, tmp_path, ca
         assert _run(["eval", "--checkpoint", str(out / "best.ckpt"), "--baselines", "sasrec", "--max-users", "12",
                      "--sasrec-checkpoint", ckpt, "--out", str(tmp_path / f"{name}.json")]) == 0
         rows.append(json.loads((tmp_path / f"{name}.json").read_text())["rows"]["SASRec"])
-    assert rows[0]["full"] == rows[1]["full"] and rows[0]["full"]["users"] == 12
+    assert rows[0]["full"] == rows[1]["full"] and rows[0]["full"]["recent200"]["users"] == 12
     printed = capsys.readouterr().err
     assert "SASRec: weights from" in printed and "SASRec epoch" not in printed  # loaded, not trained
     assert _run(["eval", "--checkpoint", str(out / "best.ckpt"), "--baselines", "popularity",

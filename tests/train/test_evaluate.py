@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mindspore_relaygr.train.baselines import left_pad
+from mindspore_relaygr.train.eval_filter import parse_filter
 from mindspore_relaygr.train.evaluate import format_table, protocol_rows, ranking_metrics
 from mindspore_relaygr.train.full_ranking import item_chunks
 
@@ -23,7 +24,8 @@ def test_ranking_metrics_by_hand():
 
 def test_both_protocols_from_all_item_scores(synthetic_config):
     """The sampled protocol reads the candidates' columns of the all-item scores; the full protocol ranks
-    every item but the history's."""
+    every item but those the filter names (the reference: the 200 most recent earlier events' items, here
+    every earlier item: the synthetic users have fewer events)."""
     from mindspore_relaygr.train.dataset import prepare_data
 
     data = prepare_data(synthetic_config)
@@ -31,10 +33,16 @@ def test_both_protocols_from_all_item_scores(synthetic_config):
     scores = np.tile(np.arange(61, dtype=np.float32), (3, 1))  # item i scores i
     scores[:, 0] = -np.inf
     rows = protocol_rows(scores, examples)
+    assert list(rows["full"]) == ["recent200", "all"]
     items = np.arange(1, 61)
     ranks = [1 + np.sum((items > e.target_id) & ~np.isin(items, e.history.item_ids)) for e in examples]
-    assert rows["full"]["mrr"] == pytest.approx(np.mean(1.0 / np.array(ranks)))
-    assert rows["full"]["users"] == 3 and rows["sampled"]["users"] == 3
+    for name in ("recent200", "all"):
+        assert rows["full"][name]["mrr"] == pytest.approx(np.mean(1.0 / np.array(ranks)))
+        assert rows["full"][name]["users"] == 3
+    assert rows["sampled"]["users"] == 3
+    unfiltered = protocol_rows(scores, examples, [parse_filter("none")])["full"]["none"]
+    ranks = [1 + np.sum(items > e.target_id) for e in examples]
+    assert unfiltered["mrr"] == pytest.approx(np.mean(1.0 / np.array(ranks)))
     sampled = ranking_metrics(np.stack([e.candidate_ids for e in examples]).astype(np.float64))
     assert rows["sampled"]["mrr"] == pytest.approx(sampled["mrr"])
 
@@ -97,9 +105,12 @@ def test_batched_scorer_ranks_as_rank_full(trained_run, synthetic_config):
     data = prepare_data(synthetic_config)
     cases = ranking_cases(data.split.valid, data.max_history_len)
     chunks = item_chunks(60, synthetic_config.model.max_candidates)
-    want = batch_ranks(score_all_items(lambda h: full_path_logits(model, h, chunks), cases), cases)
-    got = BatchedScorer(model.net, synthetic_config.model, 60, batch_size=7).ranks(cases)
-    np.testing.assert_array_equal(got, want)
+    scores = score_all_items(lambda h: full_path_logits(model, h, chunks), cases)
+    scorer = BatchedScorer(model.net, synthetic_config.model, 60, batch_size=7)
+    got = scorer.ranks_by_filter(cases, [parse_filter("recent2"), parse_filter("none")])
+    for name in ("recent2", "none"):
+        np.testing.assert_array_equal(got[name], batch_ranks(scores, cases, parse_filter(name)))
+    np.testing.assert_array_equal(scorer.ranks(cases), batch_ranks(scores, cases, parse_filter("recent200")))
 
 
 _MODELS = {}
@@ -123,12 +134,18 @@ def test_run_evaluation_report(trained_run, synthetic_config, tmp_path):
     rows = report["rows"]
     assert list(rows) == ["ours (full path)", "ours (relay path, suffix 4)", "popularity", "SASRec"]
     assert report["paths_agree"] and report["max_abs_diff_full_vs_relay"] <= 1e-5
+    assert list(report["filters"]) == ["recent200", "all"] and "200 most recent" in report["filters"]["recent200"]
     for row in rows.values():
-        assert row["full"]["users"] == row["sampled"]["users"] == report["users"] == 40
+        assert row["full"]["recent200"]["users"] == row["sampled"]["users"] == report["users"] == 40
+        se = row["full"]["recent200"]["se"]["hr@10"]
+        hr = row["full"]["recent200"]["hr@10"]
+        assert se == pytest.approx(np.sqrt(hr * (1 - hr) / 39))  # a hit rate's standard error (n - 1)
     # Users keep to one third of the catalogue: both sequence models must beat popularity by far.
-    assert rows["ours (full path)"]["full"]["hr@10"] > rows["popularity"]["full"]["hr@10"] + 0.2
-    assert rows["SASRec"]["full"]["hr@10"] > rows["popularity"]["full"]["hr@10"] + 0.2
+    ours, sasrec, popular = (rows[k]["full"]["recent200"] for k in ("ours (full path)", "SASRec", "popularity"))
+    assert ours["hr@10"] > popular["hr@10"] + 0.2 and sasrec["hr@10"] > popular["hr@10"] + 0.2
     write_report(report, tmp_path / "eval.json")
-    assert json.loads((tmp_path / "eval.json").read_text())["rows"].keys() == rows.keys()
+    saved = json.loads((tmp_path / "eval.json").read_text())
+    assert saved["rows"].keys() == rows.keys() and saved["filters"] == report["filters"]
     table = format_table(report)
     assert "SASRec" in table and "paths agree: True" in table and "hr@200" in table
+    assert "filter recent200" in table and "filter all" in table

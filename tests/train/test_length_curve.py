@@ -48,6 +48,9 @@ def test_sweep_trains_evaluates_and_resumes(synthetic_data_path, tmp_path):
     assert [r["max_len"] for r in rows] == [6, 12]
     for r in rows:
         assert 0.0 <= r["ndcg@10"] <= r["hr@10"] <= 1.0 and r["epochs_run"] == 4
+        # One fixed rule at every length (not "the L most recent events"), both rules recorded.
+        assert r["filter"] == "recent200" and list(r["by_filter"]) == ["recent200", "all"]
+        assert r["se"]["hr@10"] > 0
     assert (tmp_path / "out" / CURVE_PLOT).stat().st_size > 0
     saved = json.loads((tmp_path / "out" / CURVE_JSON).read_text())
     assert saved["rows"] == rows
@@ -55,4 +58,5 @@ def test_sweep_trains_evaluates_and_resumes(synthetic_data_path, tmp_path):
     again: list[str] = []
     assert run_length_curve(config, [6, 12], tmp_path / "out", overrides, progress=again.append) == rows
     assert not any("training" in line or "resuming" in line for line in again)  # finished lengths are reused
-    assert "max len" in format_curve(rows).splitlines()[0]
+    assert format_curve(rows).splitlines()[:2] == ["filter recent200", format_curve(rows).splitlines()[1]]
+    assert "max len" in format_curve(rows).splitlines()[1]
