@@ -580,19 +580,25 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _children(pid: int) -> list[int]:
-    """Live (non-zombie) child PIDs of `pid`, from /proc."""
+def live_processes(parent: int | None = None, group: int | None = None) -> list[int]:
+    """PIDs of the live (non-zombie) processes, from /proc, whose parent is `parent` and/or whose process
+    group is `group`."""
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            state, ppid, pgid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
             continue
-        if fields[0] != "Z" and int(fields[1]) == pid:
+        if state != "Z" and parent in (None, int(ppid)) and group in (None, int(pgid)):
             out.append(int(entry.name))
     return out
+
+
+def _children(pid: int) -> list[int]:
+    """Live (non-zombie) child PIDs of `pid`."""
+    return live_processes(parent=pid)
 
 
 def _owned(pid: int, run_dir: Path) -> bool:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from serving.cluster import live_processes
 from tests.conftest import REPO
 from tests.waiting import wait_until
 
@@ -75,17 +76,7 @@ def stop_group(proc: subprocess.Popen, timeout: float = 20.0) -> None:
 
 def group_members(pgid: int) -> list[int]:
     """PIDs (zombies excluded) whose process group is `pgid`."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            out.append(int(entry.name))
-    return out
+    return live_processes(group=pgid)
 
 
 def tail(path: Path, lines: int = 40) -> str:
