@@ -131,15 +131,13 @@ def test_bench_revisit_end_to_end_on_tiny(tmp_path):
         assert sum(r["tiers"].values()) == r["ranks"]
         computed = r["engine"]["prefill_events"] + r["engine"]["extended_events"]
         assert r["prefill_events_per_request"] == computed / r["ranks"]
-    with_ext = {r["zipf_a"]: r for r in rows if r["expander"] and r["extension"]}
-    without = {r["zipf_a"]: r for r in rows if not r["extension"]}
-    assert without[2.0]["engine"]["extended_events"] == 0 and with_ext[2.0]["engine"]["extensions"] > 0
-    # Events per request depend on how many relays the timing admitted (a miss computes its prefix
-    # outside the relay counts), so the extension's saving is checked per unit of work: extending a
-    # cached prefix computes only the events since, where a prefill computes the whole prefix.
-    engine = with_ext[2.0]["engine"]
-    assert engine["prefills"] > 0
-    assert engine["extended_events"] / engine["extensions"] < engine["prefill_events"] / engine["prefills"]
+    # With extension off no prefix is ever extended. Whether a run with it on extends depends on which
+    # pre-infers the timing admitted (an overloaded CI machine can miss every returning user's prefix), so
+    # what an extension computes is checked where it is deterministic: tests/relay/test_engine_fake.py and
+    # tests/relay/test_engine.py (an extension runs only the events since the cached prefix).
+    for r in rows:
+        if not r["extension"]:
+            assert (r["engine"]["extensions"], r["engine"]["extended_events"]) == (0, 0)
     by_zipf = {r["zipf_a"]: r["revisit_fraction"] for r in rows}
     assert by_zipf[2.0] > by_zipf[0.0]
     assert (tmp_path / "revisit.png").stat().st_size > 0 and (tmp_path / "revisit.config.yaml").is_file()
