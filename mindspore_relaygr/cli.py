@@ -170,7 +170,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         model.load_checkpoint(args.checkpoint)
     t0 = time.perf_counter()
     model.warmup(max_chunk=engine_chunk_bucket(model, cfg), max_batch=cfg.relay.max_rank_batch)
-    latency = calibrate_latency(model, cfg.trigger.prefill_chunk_len, repeats=args.repeats)
+    latency = calibrate_latency(model, cfg.trigger.prefill_chunk_len, repeats=args.repeats,
+                                max_batch=cfg.relay.max_rank_batch)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     latency.to_json(args.out)
     print(f"[profile] {sum(1 for _ in latency.kinds)} kinds in {time.perf_counter() - t0:.0f} s -> {args.out} "

@@ -238,6 +238,10 @@ class RelayConfig:
     # rank comes up joins it, up to this many (it never waits for more), padded to model.batch_buckets.
     # 1: one rank per call.
     max_rank_batch: int = 1
+    # How much later a batch may make its first rank finish than ranking it alone (ms, by the latency model's
+    # forecasts, batch factors included): a queued rank joins only while the batch stays within it. null: no
+    # bound (up to max_rank_batch join). Only read when max_rank_batch > 1.
+    max_batch_delay_ms: float | None = None
     # Admission control of ranks (serving): admit a rank only while the unfinished ranks ahead of it and
     # itself are predicted to drain within admission_fraction * trigger.slo_ms; others get 503 at once.
     # The rest of the SLO covers a refused rank's next try and the error of the prediction, which counts
@@ -258,6 +262,8 @@ class RelayConfig:
         _require(self.inflight_wait_ms >= 0, "relay.inflight_wait_ms", self.inflight_wait_ms, "must be >= 0")
         _require(self.ready_ttl_ms > 0, "relay.ready_ttl_ms", self.ready_ttl_ms, "must be > 0")
         _require(self.max_rank_batch >= 1, "relay.max_rank_batch", self.max_rank_batch, "must be >= 1")
+        _require(self.max_batch_delay_ms is None or self.max_batch_delay_ms >= 0, "relay.max_batch_delay_ms",
+                 self.max_batch_delay_ms, "must be >= 0 or null")
         _require(0.0 <= self.audit_fraction <= 1.0, "relay.audit_fraction", self.audit_fraction, "must be in [0, 1]")
         _require(self.last_try_factor >= 1, "relay.last_try_factor", self.last_try_factor, "must be >= 1")
         if self.admission_fraction is not None:

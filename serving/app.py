@@ -93,7 +93,7 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
     app.config["MAX_CONTENT_LENGTH"] = settings.max_content_length
     app.extensions["relaygr"] = state = AppState(config, settings, Limits.from_config(config, catalogue), holder,
                                          ServingMetrics(holder, instance_id), instance_id,
-                                         admission_control(config, settings), upstream_ring(settings),
+                                         admission_control(config, settings, holder), upstream_ring(settings),
                                          threading.BoundedSemaphore(settings.parse_slots))
     register_error_handler(app, settings.retry_after_s)
     app.url_map.merge_slashes = False  # "/v1//rank" is a JSON 404, not werkzeug's 308 redirect in HTML
@@ -103,18 +103,25 @@ def create_app(config: RelayGRConfig | None = None, engine: Engine | None = None
     return app
 
 
-def admission_control(config: RelayGRConfig, settings: ServingConfig) -> AdmissionControl | None:
+def admission_control(config: RelayGRConfig, settings: ServingConfig,
+                      holder: EngineHolder | None = None) -> AdmissionControl | None:
     """The rank admission of this instance: a budget of relay.admission_fraction x trigger.slo_ms, and
     relay.last_try_factor x trigger.slo_ms for a rank on its last try behind nginx (serving.upstream_servers).
 
     Ranks are weighed by the engine's predicted device time; until ranks have been served, a predicted
-    millisecond is taken to cost one measured millisecond."""
+    millisecond is taken to cost one measured millisecond. With relay.max_rank_batch > 1, the queue's cost
+    follows the engine's batch factors (`Engine.queue_share`)."""
     fraction = config.relay.admission_fraction
     if fraction is None:
         return None
     budget_ms = fraction * config.trigger.slo_ms
     last_resort_ms = config.relay.last_try_factor * config.trigger.slo_ms if settings.upstream_servers else budget_ms
-    return AdmissionControl(budget_ms, initial_cost_ms=1.0, last_resort_budget_ms=last_resort_ms)
+    share = None
+    if config.relay.max_rank_batch > 1 and holder is not None:
+        def share(queued: int) -> float:
+            engine = holder.peek()
+            return 1.0 if engine is None else engine.queue_share(queued)
+    return AdmissionControl(budget_ms, initial_cost_ms=1.0, last_resort_budget_ms=last_resort_ms, queue_share=share)
 
 
 def upstream_ring(settings: ServingConfig) -> NginxConsistentHash | None:

@@ -40,6 +40,8 @@ def test_overrides_are_typed():
     ("router.instances=[a]", "router: unknown section"),  # the unused router section is gone
     ("relay.audit_fraction=1.5", "relay.audit_fraction=1.5: must be in [0, 1]"),
     ("relay.last_try_factor=0.5", "relay.last_try_factor=0.5: must be >= 1"),
+    ("relay.max_batch_delay_ms=-1", "relay.max_batch_delay_ms=-1.0: must be >= 0 or null"),
+    ("relay.max_rank_batch=0", "relay.max_rank_batch=0: must be >= 1"),
     ("train.len_buckets=[48, 16, 128]", "train.len_buckets=[48, 16, 128]: must be strictly increasing"),
     ("train.len_buckets=[16, 48]", "train.len_buckets=[16, 48]: the last bucket must equal model.max_seq_len=128"),
 ])

@@ -78,7 +78,7 @@ def run_batch_bench(config: RelayGRConfig, users: int, clients: int, events: int
     model = RelayGRModel(config)
     t0 = time.perf_counter()
     model.warmup(max_chunk=engine_chunk_bucket(model, config), max_batch=batch)
-    latency = calibrate_latency(model, config.trigger.prefill_chunk_len)
+    latency = calibrate_latency(model, config.trigger.prefill_chunk_len, max_batch=batch)
     progress(f"warm-up + calibration {time.perf_counter() - t0:.0f} s")
     user_token = 1 if config.model.user_feature_sizes else 0
     histories = [synthetic_history(config.model, events - user_token, seed=i) for i in range(users)]
@@ -110,7 +110,9 @@ def run_batch_bench(config: RelayGRConfig, users: int, clients: int, events: int
         ratios.append(by[batch]["ranks_per_s"] / by[1]["ranks_per_s"])
     return {"users": users, "clients": clients, "events": events, "suffix": suffix, "candidates": candidates,
             "batch": batch, "seconds": seconds, "rounds": rounds, "runs": runs, "ratios": ratios,
-            "ratio_median": float(np.median(ratios)), "ratio_range": [min(ratios), max(ratios)]}
+            "ratio_median": float(np.median(ratios)), "ratio_range": [min(ratios), max(ratios)],
+            # one B-user call over B single calls per batch bucket, as calibration measured them
+            "batch_factors": {str(b): f for b, f in latency.batch_factors.items()}}
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -122,4 +124,7 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{x['p99_ms']:>7.0f} | {x['batches']}")
     lines.append(f"ranks/s with max_rank_batch {report['batch']} over 1: median {report['ratio_median']:.2f}x, "
                  f"rounds {', '.join(f'{r:.2f}' for r in report['ratios'])}")
+    if report.get("batch_factors"):
+        lines.append("batch factors (one call of B users over B single calls): "
+                     + ", ".join(f"B={b} {f:.2f}" for b, f in report["batch_factors"].items()))
     return "\n".join(lines)

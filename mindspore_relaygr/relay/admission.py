@@ -26,7 +26,11 @@ need as long again as it has overrun: the credit falls back from `m` by the over
 `credit(e) = e` up to `m` and `max(2 m - e, 0)` beyond. Without that credit a rank arriving just
 before the one in service finishes would be judged as if that one had just begun: an instance whose
 ranks each take more than half the budget would admit one at a time and idle between them. With
-every size 1 this counts ranks. The time with at least one rank in flight is summed (`busy_s`): ranks
+every size 1 this counts ranks. When the device thread batches ranks (relay.max_rank_batch), `n` queued
+ranks cost `share(n)` of their single calls (`relay.batching.queue_share`, from the batch factors the latency
+model measured per batch bucket): the work ahead is then `(W + s) * cost * share(n + 1)`, and a departure's
+spacing is divided by `share(n)` before it teaches the unit cost, so a batch that departs at once teaches
+the same cost as the single ranks it replaced. The time with at least one rank in flight is summed (`busy_s`): ranks
 served per busy second is the instance's capacity, whether or not its clients kept it busy. Plain
 Python, thread-safe, no MindSpore.
 
@@ -71,11 +75,12 @@ class AdmissionSnapshot:
     admitted_last_resort: int  # admitted against last_resort_budget_ms, over budget_ms
     served: int  # admitted ranks that left served (not refused before the model)
     busy_s: float  # seconds with at least one admitted rank in flight, since start
+    queue_share: float = 1.0  # device time of the ranks in flight as a share of their single calls (batching)
 
     @property
     def work_ahead_ms(self) -> float:
         """Predicted time until the ranks in flight have all left."""
-        return self.work * self.cost_ms - self.served_ms
+        return self.work * self.cost_ms * self.queue_share - self.served_ms
 
     def to_dict(self) -> dict[str, float | int]:
         return {"budget_ms": self.budget_ms, "last_resort_budget_ms": self.last_resort_budget_ms,
@@ -83,7 +88,7 @@ class AdmissionSnapshot:
                 "served_ms": self.served_ms, "work_ahead_ms": self.work_ahead_ms,
                 "admitted": self.admitted, "rejected": self.rejected,
                 "admitted_last_resort": self.admitted_last_resort,
-                "served": self.served, "busy_s": self.busy_s}
+                "served": self.served, "busy_s": self.busy_s, "queue_share": self.queue_share}
 
 
 class AdmissionControl:
@@ -95,7 +100,10 @@ class AdmissionControl:
     budget_ms)."""
 
     def __init__(self, budget_ms: float, initial_cost_ms: float, smoothing: float = 0.05,
-                 clock: Callable[[], float] = time.perf_counter, last_resort_budget_ms: float | None = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, last_resort_budget_ms: float | None = None,
+                 queue_share: Callable[[int], float] | None = None) -> None:
+        """`queue_share(n)`: device time of n queued ranks as a share of their single calls (batching);
+        None: 1 (every rank runs on its own)."""
         last_resort_budget_ms = budget_ms if last_resort_budget_ms is None else last_resort_budget_ms
         if budget_ms <= 0 or initial_cost_ms <= 0:
             raise ValueError(f"budget_ms and initial_cost_ms must be > 0, got {budget_ms}, {initial_cost_ms}")
@@ -120,6 +128,7 @@ class AdmissionControl:
         self._served = 0
         self._elsewhere_ms = 0.0  # time spent on other requests since the last departure (or busy start)
         self._refused_sizes: OrderedDict[str, float] = OrderedDict()  # key -> size of its last refusal
+        self._queue_share = queue_share
 
     def try_admit(self, last_resort: bool | Callable[[], bool] = False, size: float = 1.0,
                   key: str | None = None) -> bool:
@@ -174,7 +183,8 @@ class AdmissionControl:
 
     def _verdict_locked(self, size: float, last_resort: bool | Callable[[], bool]) -> str:
         """ADMIT, LAST_RESORT (over budget_ms, within last_resort_budget_ms, on its last try) or REFUSE."""
-        predicted_ms = self._work * self._cost_ms - self._served_ms_locked() + size * self._cost_ms
+        share = self._share(self._in_flight + 1)
+        predicted_ms = (self._work + size) * self._cost_ms * share - self._served_ms_locked()
         if self._in_flight == 0 or predicted_ms <= self.budget_ms:
             return ADMIT
         on_last_try = last_resort() if callable(last_resort) else last_resort
@@ -192,7 +202,8 @@ class AdmissionControl:
                 self._served += 1
                 if self._busy_since is not None:
                     spacing_ms = max((now - self._busy_since) * 1e3 - self._elsewhere_ms, 0.0)
-                    self._cost_ms += self._smoothing * (spacing_ms / size - self._cost_ms)
+                    unit_ms = spacing_ms / (size * self._share(self._in_flight))
+                    self._cost_ms += self._smoothing * (unit_ms - self._cost_ms)
                     self._busy_since = now
                     self._elsewhere_ms = 0.0
             self._in_flight -= 1
@@ -202,13 +213,16 @@ class AdmissionControl:
                 self._busy_s += now - self._period_start
                 self._busy_since = self._period_start = None
 
+    def _share(self, queued: int) -> float:
+        return 1.0 if self._queue_share is None or queued < 2 else self._queue_share(queued)
+
     def _served_ms_locked(self) -> float:
         """Work done on the ranks in flight: the time since the last departure up to one mean rank; past
         that, the rank in service is late and the credit shrinks by its overrun."""
         if self._busy_since is None or self._in_flight == 0:
             return 0.0
         elapsed_ms = (self._clock() - self._busy_since) * 1e3
-        mean_rank_ms = self._work * self._cost_ms / self._in_flight
+        mean_rank_ms = self._work * self._cost_ms * self._share(self._in_flight) / self._in_flight
         return elapsed_ms if elapsed_ms <= mean_rank_ms else max(2 * mean_rank_ms - elapsed_ms, 0.0)
 
     def snapshot(self) -> AdmissionSnapshot:
@@ -216,4 +230,4 @@ class AdmissionControl:
             busy_s = self._busy_s + (self._clock() - self._period_start if self._period_start is not None else 0.0)
             return AdmissionSnapshot(self.budget_ms, self.last_resort_budget_ms, self._in_flight, self._work,
                                      self._cost_ms, self._served_ms_locked(), self._admitted, self._rejected,
-                                     self._admitted_last_resort, self._served, busy_s)
+                                     self._admitted_last_resort, self._served, busy_s, self._share(self._in_flight))

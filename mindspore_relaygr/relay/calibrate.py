@@ -34,8 +34,11 @@ def _drain(steps) -> None:
         pass
 
 
-def calibrate_latency(model: Any, prefill_chunk_len: int, repeats: int = 3, slot: int = 0) -> LatencyModel:
-    """Time the public paths (host work included) on every bucket; uses and then releases `slot`."""
+def calibrate_latency(model: Any, prefill_chunk_len: int, repeats: int = 3, slot: int = 0,
+                      max_batch: int = 1) -> LatencyModel:
+    """Time the public paths (host work included) on every bucket; with `max_batch` > 1, also the batch factor
+    of every batch bucket up to the one holding that many users (`measure_batch_factors`). Uses and then
+    releases `slot`."""
     user = 1 if model.cfg.user_feature_sizes else 0
     cands = np.arange(1, model.cfg.max_candidates + 1)
 
@@ -63,9 +66,54 @@ def calibrate_latency(model: Any, prefill_chunk_len: int, repeats: int = 3, slot
         return (time.perf_counter() - t0) * 1e3
 
     try:
-        return LatencyModel.calibrate(measure, calibration_shapes(model, prefill_chunk_len), repeats=repeats)
+        profile = LatencyModel.calibrate(measure, calibration_shapes(model, prefill_chunk_len), repeats=repeats)
+        if max_batch > 1 and getattr(model, "batched_ranking", False):
+            factors = measure_batch_factors(model, prefill_chunk_len, max_batch, repeats, slot)
+            profile = LatencyModel(profile.points, profile.interpolation, factors)
+        return profile
     finally:
         model.release_slot(slot)
+
+
+def batch_buckets_up_to(buckets: list[int], max_batch: int) -> list[int]:
+    """The batch buckets a batch of at most `max_batch` users can pad to."""
+    return [b for b in buckets if b < max_batch] + [next((b for b in buckets if b >= max_batch), buckets[-1])]
+
+
+def measure_batch_factors(model: Any, prefill_chunk_len: int, max_batch: int, repeats: int = 3,
+                          slot: int = 0) -> dict[int, float]:
+    """Per batch bucket B up to the one holding `max_batch` users: the median time of one `rank_cached_batch`
+    call of B users over B times the median single `rank_cached` call, at the longest prefix a slot holds,
+    the shortest suffix bucket and the most candidates (every user reads the same slot: the graph reads its
+    slot in place whichever it is). Uses `slot`; the caller releases it."""
+    from mindspore_relaygr.model.inputs import CachedRank
+
+    cfg = model.cfg
+    user = 1 if cfg.user_feature_sizes else 0
+    suffix = cfg.suffix_buckets[0]
+    prefix = min(model.prefix_buckets[-1], cfg.max_seq_len - suffix) - user
+    hist = synthetic_history(cfg, prefix + suffix, seed=prefix + suffix)
+    model.release_slot(slot)
+    _drain(model.prefill_steps(slot, {k: (v if k == "user_features" else v[:prefix]) for k, v in hist.items()},
+                               prefill_chunk_len))
+    request = CachedRank(slot, prefix, {k: v[prefix:] for k, v in hist.items() if k != "user_features"},
+                         np.arange(1, cfg.max_candidates + 1))
+
+    def median_ms(fn, *args) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn(*args)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return float(np.median(times))
+
+    single = median_ms(model.rank_cached, request.slot, request.prefix_len, request.suffix_history,
+                       request.candidate_ids)
+    factors = {1: 1.0}
+    for bucket in batch_buckets_up_to(list(cfg.batch_buckets), max_batch):
+        if bucket > 1:
+            factors[bucket] = median_ms(model.rank_cached_batch, [request] * bucket) / (bucket * single)
+    return factors
 
 
 def measure_copy_bytes_per_s(model: Any, prefill_chunk_len: int, repeats: int = 3, slot: int = 0) -> float:

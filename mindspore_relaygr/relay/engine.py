@@ -29,6 +29,7 @@ from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.model.inputs import History, validate_candidates, validate_history
 from mindspore_relaygr.relay.audit import TOLERANCE as AUDIT_TOLERANCE
 from mindspore_relaygr.relay.audit import ExactnessAudit
+from mindspore_relaygr.relay.batching import RankForecast, delay_of_first_ms, queue_share
 from mindspore_relaygr.relay.device_model import CachedRank, DeviceModel
 from mindspore_relaygr.relay.executor import AUDIT, PREFILL, RANK, DeviceExecutor, ExecutorClosed, Outcome
 from mindspore_relaygr.relay.latency import LatencyModel
@@ -52,6 +53,7 @@ class _RankItem:
     arrived: float  # engine clock, seconds
     submitted: float
     timing: dict[str, float] = field(default_factory=dict)  # queue and compute (ms), filled on the device thread
+    forecast: RankForecast | None = None  # its predicted device work (when a batch's delay is bounded)
 
 
 def engine_chunk_bucket(model: DeviceModel, config: RelayGRConfig) -> int:
@@ -122,7 +124,7 @@ class RelayEngine:
         if config.trigger.latency_profile:
             latency = LatencyModel.from_json(config.trigger.latency_profile)
         else:
-            latency = calibrate_latency(model, config.trigger.prefill_chunk_len)
+            latency = calibrate_latency(model, config.trigger.prefill_chunk_len, max_batch=config.relay.max_rank_batch)
         return cls(config, model, latency, instance_id=instance_id)
 
     @classmethod
@@ -330,10 +332,13 @@ class RelayEngine:
         wait_ms, waited = 0.0, False
         if self.config.relay.enabled:
             wait_ms, waited = self._wait_for_inflight(user_id, hist, cands)
-        item = _RankItem(user_id, hist, cands, waited, arrived=t0, submitted=self._clock())
-        scores, tier, events = self.executor.submit_batched(item, self._rank_batch_on_device,
-                                                            self.config.relay.max_rank_batch, RANK,
-                                                            label="rank").result()
+        relay = self.config.relay
+        bounded = relay.max_rank_batch > 1 and relay.max_batch_delay_ms is not None
+        item = _RankItem(user_id, hist, cands, waited, arrived=t0, submitted=self._clock(),
+                         forecast=self._forecast(user_id, hist, cands) if bounded else None)
+        scores, tier, events = self.executor.submit_batched(item, self._rank_batch_on_device, relay.max_rank_batch,
+                                                            RANK, label="rank",
+                                                            may_join=self._batch_fits if bounded else None).result()
         timing = item.timing
         timing.update(wait=wait_ms, total=(self._clock() - t0) * 1e3)
         truncated = events < len(hist)
@@ -349,23 +354,40 @@ class RelayEngine:
         the rank runs. Raises the same validation errors as `rank`."""
         hist = validate_history(self.config.model, history)
         cands = validate_candidates(self.config.model, candidate_ids)
+        return self._forecast(user_id, hist, cands).alone_ms(self.latency)
+
+    def queue_share(self, queued: int) -> float:
+        """Device time of `queued` ranks as a share of their single calls, as the device thread batches them
+        (relay.max_rank_batch, the latency model's batch factors): for admission control."""
+        return queue_share(self.latency, queued, self.config.relay.max_rank_batch)
+
+    def _forecast(self, user_id: str, hist: History, cands: np.ndarray) -> RankForecast:
+        """Predicted device work of a rank (see `predicted_rank_ms`)."""
         if not self.config.relay.enabled:
             events = min(len(hist), self.config.relay.max_online_len)
-            return self.latency.predict_full_ms(events + self._user_tokens, len(cands))
-        miss = self._predicted_miss_ms(hist, cands)
+            return RankForecast(self.latency.predict_full_ms(events + self._user_tokens, len(cands)))
+        miss = RankForecast(self._predicted_miss_ms(hist, cands))
         tier, key = self.cache.locate(user_id, hist)
         if key is None or "relay" not in self.latency.kinds:  # no relay graph measured: take the miss's time
             return miss
         suffix = len(hist) - key.prefix_len
         if suffix <= self.config.model.max_suffix_len:
             copy = self._predicted_copy_ms(key) if tier == "dram" else []
-            cached = sum(copy) + self.latency.predict_relay_ms(key.prefix_len + self._user_tokens, suffix, len(cands))
+            cached = RankForecast(sum(copy), (key.prefix_len + self._user_tokens, suffix, len(cands)))
         elif not self._may_extend(len(hist)):
             return miss  # `_extend` would not extend it
         else:  # extended to the whole history first, when that beats the miss
-            cached = (sum(self._predicted_extension_ms(key, tier, len(hist)))
-                      + self.latency.predict_relay_ms(len(hist) + self._user_tokens, 0, len(cands)))
-        return min(cached, miss)
+            cached = RankForecast(sum(self._predicted_extension_ms(key, tier, len(hist))),
+                                  (len(hist) + self._user_tokens, 0, len(cands)))
+        return cached if cached.alone_ms(self.latency) <= miss.serial_ms else miss
+
+    def _batch_fits(self, items: list[_RankItem]) -> bool:
+        """Device thread: whether ranking `items` in one step delays the first by at most
+        relay.max_batch_delay_ms over ranking it alone (by their forecasts)."""
+        forecasts = [item.forecast for item in items]
+        if any(f is None for f in forecasts):
+            return True
+        return delay_of_first_ms(self.latency, forecasts) <= self.config.relay.max_batch_delay_ms
 
     def _wait_for_inflight(self, user_id: str, hist: History, cands: np.ndarray) -> tuple[float, bool]:
         """Wait for the running relay of the longest prefix of this history, when it should finish

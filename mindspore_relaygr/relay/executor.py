@@ -51,12 +51,15 @@ class DeviceExecutor:
         return self._put(priority, _Call(fn, label))
 
     def submit_batched(self, item: Any, run: Callable[[list[Any]], list[Outcome]], max_batch: int,
-                       priority: int = RANK, label: str = "batch") -> Future:
+                       priority: int = RANK, label: str = "batch",
+                       may_join: Callable[[list[Any]], bool] | None = None) -> Future:
         """Run `item` on the device thread together with the items queued right behind it that were submitted
         with the same `run` and priority: one `run(items)` call for up to `max_batch` of them, which returns
         one Outcome per item, in order. The batch is formed from what is already queued when the first item
-        comes up: the thread never waits for more to arrive."""
-        return self._put(priority, _Batched(item, run, max_batch, label))
+        comes up: the thread never waits for more to arrive. `may_join(items)` (the first item's; items = the
+        batch so far and the next candidate) can stop the batch before `max_batch`, e.g. to bound how much
+        a larger batch delays its first member; the candidate then leads the next batch."""
+        return self._put(priority, _Batched(item, run, max_batch, label, may_join))
 
     def submit_steps(self, steps: Iterator[Any], priority: int = PREFILL, label: str = "steps") -> Future:
         """Run a generator one step at a time, yielding the thread to higher-priority work in between.
@@ -168,7 +171,7 @@ class DeviceExecutor:
                 stale = task is not None and ticket != task.ticket
             if stale:
                 continue  # superseded by a boost
-            if not (isinstance(task, _Batched) and task.run == first.run and task.priority == first.priority):
+            if not _joins(first, [m for m, _ in members], task):
                 self._queue.put(entry)
                 break
             if future.set_running_or_notify_cancel():
@@ -293,12 +296,27 @@ class _Steps(_Task):
         return False, None
 
 
+def _joins(first: _Batched, members: list[_Batched], task: _Task) -> bool:
+    """Whether `task` joins the batch of `first` and `members`: same run function and priority, and the
+    first item's `may_join` agrees (an error there ends the batch: it must not stop the thread)."""
+    if not (isinstance(task, _Batched) and task.run == first.run and task.priority == first.priority):
+        return False
+    if first.may_join is None:
+        return True
+    try:
+        return bool(first.may_join([first.item, *(m.item for m in members), task.item]))
+    except Exception:  # noqa: BLE001 - a batch of what it has so far is always safe
+        logger.exception("may_join failed; the batch runs without the next item")
+        return False
+
+
 class _Batched(_Task):
-    def __init__(self, item: Any, run: Callable[[list[Any]], list[Outcome]], max_batch: int, label: str) -> None:
+    def __init__(self, item: Any, run: Callable[[list[Any]], list[Outcome]], max_batch: int, label: str,
+                 may_join: Callable[[list[Any]], bool] | None = None) -> None:
         super().__init__(label)
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch!r}: must be >= 1")
-        self.item, self.run, self.max_batch = item, run, max_batch
+        self.item, self.run, self.max_batch, self.may_join = item, run, max_batch, may_join
 
     def step(self) -> tuple[bool, Any]:  # never called: the thread runs batches through _run_batch
         raise NotImplementedError

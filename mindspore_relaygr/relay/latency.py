@@ -13,6 +13,11 @@ makes a longer request look cheaper), queries below the first bucket take the fi
 queries beyond the last bucket scale the last value in proportion (latency ~ length).
 Proportional scaling (not the last segment's slope, which differs between rows of the grid) keeps
 predictions monotone in every argument at once.
+
+Ranks served from device slots can run B users in one call (`relay.max_rank_batch`). Such a call pads
+every user to the largest prefix, suffix and candidate buckets among them and to a batch bucket, and
+costs `B x factor(B)` single calls of that padded shape, `factor(B)` being the batch bucket's measured
+ratio of one B-user call to B single calls (`batch_factors`, 1 for B = 1; below 1 when batching pays).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import json
 import logging
 import operator
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -125,7 +130,10 @@ class _Grid:
 class LatencyModel:
     """Predicts path latency in ms from measured `LatencyPoint`s (see module docstring)."""
 
-    def __init__(self, points: Sequence[LatencyPoint], interpolation: str = "step") -> None:
+    def __init__(self, points: Sequence[LatencyPoint], interpolation: str = "step",
+                 batch_factors: Mapping[int, float] | None = None) -> None:
+        """`batch_factors`: batch bucket -> one B-user call's time over B single calls (see the module
+        docstring); none measured: every batch costs B single calls."""
         if not points:
             raise ValueError("points=[]: need at least one measured point")
         if interpolation not in INTERPOLATIONS:
@@ -138,6 +146,7 @@ class LatencyModel:
                 raise ValueError(f"{p!r}: duplicate {p.kind!r} shape {p.coords} (already {table[p.coords]} ms)")
             table[p.coords] = float(p.ms)
         self.points = list(points)
+        self.batch_factors = _checked_factors(batch_factors or {})
         step = interpolation == "step"
         self._grids = {kind: _Grid(list(table.items()), step) for kind, table in tables.items()}
 
@@ -160,6 +169,26 @@ class LatencyModel:
     def predict_relay_ms(self, prefix_len: int, suffix_len: int, num_candidates: int) -> float:
         """Ranking against a cached prefix: `suffix_len` new tokens plus the candidates."""
         return self._predict("relay", (prefix_len, suffix_len, num_candidates))
+
+    def predict_relay_batch_ms(self, shapes: Sequence[tuple[int, int, int]]) -> float:
+        """One batched call ranking several users against their cached prefixes: `shapes` holds each user's
+        (prefix_len, suffix_len, num_candidates); all are padded to the largest of each and to the batch
+        bucket, which costs bucket x factor(bucket) single calls of that shape."""
+        if not shapes:
+            return 0.0
+        padded = tuple(max(_count(axis, shape[i]) for shape in shapes) for i, axis in enumerate(KIND_AXES["relay"]))
+        bucket, factor = self.batch_bucket(len(shapes))
+        return bucket * factor * self.predict_relay_ms(*padded)
+
+    def batch_bucket(self, batch: int) -> tuple[int, float]:
+        """(the batch bucket a batch of `batch` users pads to, its factor): the smallest measured bucket that
+        holds them; beyond the largest, the batch itself at the largest bucket's factor; none measured: (batch, 1)."""
+        if _count("batch", batch) < 1:
+            raise ValueError(f"batch={batch!r}: must be an int >= 1")
+        for bucket, factor in self.batch_factors.items():
+            if batch <= bucket:
+                return bucket, factor
+        return batch, (self.batch_factors[max(self.batch_factors)] if self.batch_factors else 1.0)
 
     def predict_prefill_ms(self, num_tokens: int) -> float:
         """Pre-inferring a prefix of `num_tokens` tokens into a cache slot."""
@@ -192,7 +221,8 @@ class LatencyModel:
     def to_json(self, path: str | Path) -> None:
         """Write the measured points as a JSON profile (`from_json` reads it back)."""
         doc = {"version": PROFILE_VERSION, "interpolation": self.interpolation,
-               "points": [asdict(p) for p in self.points]}
+               "points": [asdict(p) for p in self.points],
+               "batch_factors": {str(b): f for b, f in self.batch_factors.items()}}
         Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
     @classmethod
@@ -207,8 +237,9 @@ class LatencyModel:
             raise ValueError(f"latency profile {str(path)!r}: not valid JSON: {exc}") from exc
         points = _points_from_doc(doc, str(path))
         try:
-            # Profiles written before the interpolation key existed were meant as linear.
-            return cls(points, doc.get("interpolation", "linear"))
+            # Profiles written before the interpolation key existed were meant as linear; before the batch
+            # factors, batches were not measured.
+            return cls(points, doc.get("interpolation", "linear"), _factors_from_doc(doc.get("batch_factors", {})))
         except ValueError as exc:
             raise ValueError(f"latency profile {str(path)!r}: {exc}") from exc
 
@@ -232,6 +263,27 @@ class LatencyModel:
                 logger.debug("calibrated %s %s: %.3f ms", kind, shape, ms)
                 points.append(LatencyPoint(kind=kind, ms=ms, **dims))
         return cls(points)
+
+
+def _checked_factors(factors: Mapping[int, float]) -> dict[int, float]:
+    """Batch factors sorted by bucket, each bucket an int >= 1 and each factor a finite number > 0."""
+    out = {}
+    for bucket, factor in sorted(factors.items()):
+        if _count("batch bucket", bucket) < 1:
+            raise ValueError(f"batch bucket {bucket!r}: must be an int >= 1")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < float("inf"):
+            raise ValueError(f"batch_factors[{bucket}]={factor!r}: must be a finite number > 0")
+        out[int(bucket)] = float(factor)
+    return out
+
+
+def _factors_from_doc(raw: Any) -> dict[int, float]:
+    if not isinstance(raw, dict):
+        raise ValueError(f"'batch_factors' must be an object of batch bucket -> factor, got {raw!r}")
+    try:
+        return {int(bucket): factor for bucket, factor in raw.items()}
+    except ValueError as exc:
+        raise ValueError(f"'batch_factors': every key must be a batch bucket (an integer): {exc}") from exc
 
 
 def _points_from_doc(doc: Any, where: str) -> list[LatencyPoint]:

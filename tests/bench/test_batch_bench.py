@@ -41,6 +41,7 @@ def test_bench_batching_end_to_end_on_tiny(tmp_path, capsys):
         assert sum(size * n for size, n in sizes.items()) == r["ranks"]  # every rank ran in some device call
         assert max(sizes) <= r["max_rank_batch"]
     assert len(report["ratios"]) == 2 and report["ratio_range"][0] <= report["ratio_median"] <= report["ratio_range"][1]
+    assert sorted(report["batch_factors"]) == ["1", "2", "4"] and all(f > 0 for f in report["batch_factors"].values())
     assert set(report["machine"]) >= {"cpu_model", "cores", "matmul_gflops", "mindspore"}
     assert (tmp_path / "batching.png").stat().st_size > 0 and (tmp_path / "batching.config.yaml").is_file()
     assert "ranks/s with max_rank_batch 4 over 1" in capsys.readouterr().out

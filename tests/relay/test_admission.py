@@ -249,3 +249,38 @@ def test_at_most_max_remembered_keys_are_kept(monkeypatch):
     for key in ("a", "b", "c"):
         assert not ctl.try_admit(size=1.0, key=key)
     assert [ctl.refuse_early(k) for k in ("a", "b", "c")] == [None, admission.RESENT, admission.RESENT]  # "a" dropped
+
+
+def test_batched_queues_admit_more_and_a_batch_departing_at_once_teaches_the_single_rank_cost():
+    """queue_share(n): n queued ranks cost that share of their single calls (the device thread batches them)."""
+    shares = {2: 0.8, 3: 0.7, 4: 0.5}
+
+    def share(n: int) -> float:
+        return shares.get(n, 0.5)
+
+    ctl = AdmissionControl(budget_ms=50.0, initial_cost_ms=10.0, clock=FakeClock(), queue_share=share)
+    # 5 ranks: 5 x 10 x 0.5 = 25 ms; unbatched 5 would fill the budget exactly
+    assert [ctl.try_admit() for _ in range(11)] == [True] * 10 + [False]  # (9 + 1) x 10 x 0.5 <= 50 < 55
+    view = ctl.snapshot()
+    assert (view.queue_share, view.work_ahead_ms) == (0.5, 50.0)
+    assert view.to_dict()["queue_share"] == 0.5
+
+    clock = FakeClock()
+    ctl = AdmissionControl(budget_ms=1000.0, initial_cost_ms=10.0, clock=clock, queue_share=share)
+    for _ in range(300):  # batches of 4 ranks of 10 ms that take 20 ms together (share 0.5) and leave at once
+        for _ in range(4):
+            assert ctl.try_admit()
+        clock.advance_ms(20.0)
+        for _ in range(4):
+            ctl.finish()
+    # the departures' spacings (20, 0, 0, 0 ms), each over its queue's share (0.5 for the first, in a queue of
+    # 4), average 10 ms per rank: the single rank's cost (the smoothed mean ends a cycle a little below it)
+    assert 8.0 < ctl.snapshot().cost_ms < 12.0
+    unbatched = AdmissionControl(budget_ms=1000.0, initial_cost_ms=10.0, clock=clock)
+    for _ in range(300):
+        for _ in range(4):
+            assert unbatched.try_admit()
+        clock.advance_ms(20.0)
+        for _ in range(4):
+            unbatched.finish()
+    assert 3.0 < unbatched.snapshot().cost_ms < 6.0  # without the share: 5 ms per rank, half the single cost

@@ -56,3 +56,31 @@ def test_an_idle_device_ranks_at_once_and_max_rank_batch_1_never_batches():
                 assert eng.model.batch_calls == [] and eng.executor.batch_stats() == {"rank": {1: 4}}
         finally:
             eng.close()
+
+
+def test_max_batch_delay_ms_bounds_how_much_later_the_first_rank_finishes():
+    """Cached ranks of one shape cost 5 ms alone and, with no batch factors measured, B x 5 ms together: a
+    batch of B delays its first rank by (B - 1) x 5 ms. The bound stops the batch there; the rest lead the
+    next batches, in order. A miss (200 ms) never joins a cached rank under a 15 ms bound."""
+    for bound, expected in ((0, [1, 1, 1, 1]), (5, [2, 2]), (15, [4])):
+        eng, _ = clocked_engine("relay.max_rank_batch=4", f"relay.max_batch_delay_ms={bound}")
+        try:
+            users = {f"u{i}": hist(600 + i) for i in range(4)}
+            for u, h in users.items():
+                relay(eng, u, h)
+            results = queued_ranks(eng, users)
+            assert all(r.cache == "device" for r in results.values())
+            steps = eng.executor.batch_stats()["rank"]
+            assert sorted(steps.items()) == sorted({n: expected.count(n) for n in set(expected)}.items()), bound
+            for u, h in users.items():
+                np.testing.assert_array_equal(results[u].scores, eng.model.rank_full(h, CANDS))
+        finally:
+            eng.close()
+    eng, _ = clocked_engine("relay.max_rank_batch=4", "relay.max_batch_delay_ms=15")
+    try:
+        relay(eng, "warm", hist(700))
+        results = queued_ranks(eng, {"warm": hist(700), "cold": hist(701)})
+        assert (results["warm"].cache, results["cold"].cache) == ("device", "miss")
+        assert eng.executor.batch_stats() == {"rank": {1: 2}}
+    finally:
+        eng.close()

@@ -192,6 +192,31 @@ def test_items_queued_behind_the_first_join_its_batch_up_to_max_batch_in_order()
     ex.close()
 
 
+def test_may_join_ends_a_batch_and_the_refused_item_leads_the_next():
+    """The first item's `may_join` sees the batch so far plus the candidate; a refusal ends the batch there, order
+    kept; an error in it ends the batch too and the thread goes on."""
+    ex, rec = DeviceExecutor(), Recorder()
+    gate, running = threading.Event(), threading.Event()
+    seen: list[list[int]] = []
+
+    def at_most_sum_5(items: list[int]) -> bool:
+        seen.append(list(items))
+        if 99 in items:
+            raise RuntimeError("forecast failed")
+        return sum(items) <= 5
+
+    ex.submit(lambda: running.set() or gate.wait(5))
+    assert running.wait(5)
+    items = [1, 2, 3, 4, 99, 0]
+    futures = [ex.submit_batched(i, rec.run, max_batch=8, label="rank", may_join=at_most_sum_5) for i in items]
+    gate.set()
+    assert [f.result(5) for f in futures] == [i * i for i in items]
+    # 1+2 fits, 1+2+3 does not; 3 leads: 3+4 does not; 4 leads: 4+99 fails; 99 leads: 99+0 fails
+    assert rec.batches == [[1, 2], [3], [4], [99], [0]]
+    assert seen[:3] == [[1, 2], [1, 2, 3], [3, 4]]
+    ex.close()
+
+
 def test_a_batch_stops_at_other_work_and_keeps_priorities():
     """A prefill boosted to rank priority between two ranks ends the first batch (order is kept); a prefill
     at its own priority never joins, and waits for every rank."""

@@ -186,6 +186,33 @@ def test_json_round_trip(model, tmp_path):
     assert loaded.predict_relay_ms(150, 20, 15) == model.predict_relay_ms(150, 20, 15)
 
 
+def test_a_batch_costs_its_bucket_times_its_factor_of_single_calls_at_the_padded_shape(model):
+    batched = LatencyModel(model.points, model.interpolation, {1: 1.0, 2: 0.9, 4: 0.75})
+    shapes = [(100, 8, 10), (200, 8, 20), (150, 32, 10)]  # padded to (200, 32, 20): 11 ms single
+    assert batched.batch_bucket(3) == (4, 0.75)
+    assert batched.predict_relay_batch_ms(shapes) == pytest.approx(4 * 0.75 * 11.0)
+    assert batched.predict_relay_batch_ms(shapes[:2]) == pytest.approx(2 * 0.9 * 7.0)
+    assert batched.predict_relay_batch_ms(shapes[:1]) == model.predict_relay_ms(100, 8, 10)
+    assert batched.predict_relay_batch_ms([]) == 0.0
+    assert batched.batch_bucket(6) == (6, 0.75)  # beyond the largest bucket: the batch itself, its factor
+    # no factors measured: B single calls of the padded shape
+    assert model.predict_relay_batch_ms(shapes) == pytest.approx(3 * 11.0) and model.batch_bucket(3) == (3, 1.0)
+    with pytest.raises(ValueError, match="batch=0"):
+        batched.batch_bucket(0)
+    with pytest.raises(ValueError, match=r"batch_factors\[2\]=-1"):
+        LatencyModel(model.points, batch_factors={2: -1})
+
+
+def test_batch_factors_survive_a_json_round_trip_and_old_profiles_have_none(model, tmp_path):
+    path = tmp_path / "profile.json"
+    LatencyModel(model.points, model.interpolation, {4: 0.8, 1: 1.0, 2: 0.95}).to_json(path)
+    loaded = LatencyModel.from_json(path)
+    assert loaded.batch_factors == {1: 1.0, 2: 0.95, 4: 0.8} and list(loaded.batch_factors) == [1, 2, 4]
+    old = {k: v for k, v in json.loads(path.read_text()).items() if k != "batch_factors"}
+    path.write_text(json.dumps(old))
+    assert LatencyModel.from_json(path).batch_factors == {}
+
+
 def _good_doc() -> dict:
     return {"version": 1, "points": [{"kind": "full", "tokens": 10, "candidates": 1, "suffix": 0, "ms": 1.0}]}
 
@@ -203,6 +230,10 @@ def _good_doc() -> dict:
         (json.dumps(_good_doc()).replace('"tokens": 10', '"tokens": "10"'), r"points\[0\]: tokens='10'"),
         (json.dumps(_good_doc()).replace('"ms": 1.0', '"ms": NaN'), r"points\[0\]: ms=nan"),
         (json.dumps(_good_doc()).replace('"full"', '"fast"'), r"points\[0\]: kind='fast'"),
+        (json.dumps(_good_doc() | {"batch_factors": [0.9]}), "bad.json'.*'batch_factors' must be an object"),
+        (json.dumps(_good_doc() | {"batch_factors": {"two": 0.9}}), "bad.json'.*must be a batch bucket"),
+        (json.dumps(_good_doc() | {"batch_factors": {"2": 0}}), r"bad.json'.*batch_factors\[2\]=0"),
+        (json.dumps(_good_doc() | {"batch_factors": {"0": 1.0}}), "bad.json'.*batch bucket 0"),
     ],
 )
 def test_malformed_profiles_raise_value_error_naming_the_problem(tmp_path, text, match):

@@ -115,6 +115,10 @@ class FakeEngine:
         validate_candidates(self.config.model, candidate_ids)
         return self.rank_ms or PREDICTED_MS_PER_EVENT * len(hist)
 
+    def queue_share(self, queued: int) -> float:
+        """Ranks run one at a time here."""
+        return 1.0
+
     def rank(self, user_id: str, history: Any, candidate_ids: Any, top_k: int | None = None) -> RankResult:
         self.calls.append(("rank", user_id))
         self._maybe_fail()

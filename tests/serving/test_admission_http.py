@@ -319,3 +319,27 @@ def test_admission_off_waits_for_a_parsing_slot(monkeypatch):
     st.parsing.release()
     waiting.join(30)
     assert done == [200]
+
+
+def test_with_batched_ranks_admission_weighs_the_queue_by_the_engines_batch_share():
+    """relay.max_rank_batch > 1: the queue of n ranks costs engine.queue_share(n) of its single calls, so more
+    ranks fit the same budget; max_rank_batch 1 never asks."""
+    config = load_config(CONFIGS / "tiny.yaml", ["trigger.slo_ms=80", "relay.admission_fraction=0.6",
+                                                 "relay.max_rank_batch=4"])
+    engine = BlockingEngine(config, instance_id="b0")
+    asked: list[int] = []
+    engine.queue_share = lambda queued: asked.append(queued) or 0.5
+    app = create_app(config, engine=engine, settings=resolve_settings(config, instance_id="b0"))
+    ctl = app.extensions["relaygr"].admission
+    size = PREDICTED_MS_PER_EVENT * 20  # rank_body's history: 5 ms predicted
+    # budget 48 ms: 9 ranks of 5 ms unbatched, 19 at half the cost
+    assert sum(ctl.try_admit(size=size) for _ in range(25)) == 19
+    assert asked and max(asked) == 20
+    assert app.extensions["relaygr"].admission.snapshot().queue_share == 0.5
+
+    unbatched = load_config(CONFIGS / "tiny.yaml", ["trigger.slo_ms=80", "relay.admission_fraction=0.6"])
+    engine = BlockingEngine(unbatched, instance_id="b1")
+    engine.queue_share = lambda queued: pytest.fail("asked without batching")
+    ctl = create_app(unbatched, engine=engine, settings=resolve_settings(unbatched, instance_id="b1")).extensions[
+        "relaygr"].admission
+    assert sum(ctl.try_admit(size=size) for _ in range(25)) == 9
