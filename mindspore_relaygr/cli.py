@@ -34,8 +34,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.override)
     t0 = time.perf_counter()
     model = RelayGRModel(cfg)
-    print(f"[demo] model built ({cfg.model.num_layers} layers, d={cfg.model.d_model}, fused kernels: "
-          f"{model.fused}) in {time.perf_counter() - t0:.1f} s")
+    print(f"[demo] model built ({cfg.model.num_layers} layers, d={cfg.model.d_model}, backend: "
+          f"{model.backend.name}) in {time.perf_counter() - t0:.1f} s")
     rng = np.random.default_rng(args.seed)
     n = min(args.events, cfg.cache.max_prefix_len - 1 + cfg.model.max_suffix_len, cfg.model.max_seq_len - 1)
     suffix = min(args.suffix, n - 1, cfg.model.max_suffix_len)
@@ -329,7 +329,7 @@ def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
     model.add_argument("--suffix", type=int, default=32, help="short-term events computed at ranking time")
     model.add_argument("--repeats", type=int, default=10)
     model.add_argument("--batch", type=int, nargs="*", default=[],
-                       help="also time the cached path for this many users per call (fused kernels), e.g. 2 4 8")
+                       help="also time the cached path for this many users per call, e.g. 2 4 8")
     model.add_argument("--out", default="outputs/bench_model.json")
     model.set_defaults(func=cmd_bench_model)
 

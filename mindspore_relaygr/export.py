@@ -141,21 +141,24 @@ def model_version(name: str, checkpoint: str | Path) -> str:
 
 
 def graph_cells(net: Any) -> tuple[Any, Any]:
-    """(prefix cell, candidate cell) over `net` (an HSTUNet), reference ops, no pool."""
+    """(prefix cell, candidate cell) over `net` (an HSTUNet), on the plain backend (MindSpore ops), no pool."""
     from mindspore import nn, ops
 
+    from mindspore_relaygr.model.backend import PlainOps
     from mindspore_relaygr.model.hstu import take
+
+    backend = PlainOps()  # MindIR runs anywhere MindSpore does: no custom kernels
 
     class PrefixKV(nn.Cell):
         """Prefix tokens -> (K [L, h, P, dqk], V [L, h, P, dv]) of every layer."""
 
         def __init__(self) -> None:
             super().__init__(auto_prefix=False)  # leave the net's parameter names (checkpoint keys) alone
-            self.net = net
+            self.net, self.backend = net, backend
 
         def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid):
             x = self.net.add_user_token(self.net.embed(item_ids, action_ids, pos), user_feats, user_row)
-            keys, values, _, _ = self.net.encode(x, (pos, hi, lo, valid), None, None, None, False)
+            keys, values, _, _ = self.net.encode(x, (pos, hi, lo, valid), None, None, None, self.backend)
             return ops.stack(keys), ops.stack(values)
 
     class CandidateLogits(nn.Cell):
@@ -164,7 +167,7 @@ def graph_cells(net: Any) -> tuple[Any, Any]:
 
         def __init__(self) -> None:
             super().__init__(auto_prefix=False)  # leave the net's parameter names (checkpoint keys) alone
-            self.net = net
+            self.net, self.backend = net, backend
             self.num_layers = len(net.layers)
 
         def construct(self, keys, values, past_pos, past_hi, past_lo, past_valid, item_ids, action_ids, pos, hi,
@@ -177,7 +180,7 @@ def graph_cells(net: Any) -> tuple[Any, Any]:
             views = tuple((keys[i], None, values[i], None) for i in range(len(keys)))  # graph mode: no zip(strict=)
             past = (views, past_pos, past_hi, past_lo, past_valid)
             _, _, hidden, user = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo),
-                                                 False, last)
+                                                 self.backend, last)
             return self.net.logits(user, hidden, cand_ids)
 
     return PrefixKV(), CandidateLogits()

@@ -9,7 +9,7 @@ Each path's share is given against the faster of those two ("near": the machine 
 path ran; its rate drifts by up to ~25% within a run on shared VMs) and against the fastest
 measurement of the whole run (the strictest reading).
 
-With the fused kernels on oneDNN, a few more calls of each path run under the kernel profile
+On the fused_cpu backend (model/backend.py), a few more calls of each path run under the kernel profile
 (`KernelProfile`): the tile GEMMs' own GFLOP/s (the rate the path would reach if nothing but its GEMMs
 took time) and their share of the model FLOPs, and how the threads' time over those calls splits into
 the GEMMs, the fused elementwise work around them (bias + SiLU, layer norm), the rest of the kernels'
@@ -90,7 +90,7 @@ class PathResult:
     memory_mb: float  # RSS growth at the first call of this graph shape (its compiled memory)
     gflops: float  # model FLOPs / median time
     matmul_gflops_near: float  # the faster of the matmul measurements right before and right after this path
-    # From `PROFILE_CALLS` more calls under the kernel profile (None without the fused kernels on oneDNN):
+    # From `PROFILE_CALLS` more calls under the kernel profile (None on the plain backend):
     gemm_gflops: float | None = None  # the tile GEMMs' own rate on all kernel threads
     gemm_flops_share: float | None = None  # tile GEMM FLOPs / model FLOPs (over 1: padded or masked tile work)
     # Of the kernel threads' time over those calls (wall time x threads), the part ...
@@ -141,14 +141,13 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
     model = RelayGRModel(config)
     cfg = config.model
     profile = None
-    if model.fused:
-        from mindspore_relaygr.model.kernels import KernelProfile, load_fused_ops
+    if model.backend.name == "fused_cpu":
+        from mindspore_relaygr.model.kernels import KernelProfile
 
-        ops = load_fused_ops()
-        profile = KernelProfile() if ops is not None and ops.attention is not None else None
+        profile = KernelProfile()
     user = 1 if cfg.user_feature_sizes else 0
     probes = [measure_matmul_gflops()]
-    progress(f"matmul 2048^2 fp32: {probes[0]:.1f} GFLOP/s; fused kernels: {model.fused}")
+    progress(f"matmul 2048^2 fp32: {probes[0]:.1f} GFLOP/s; backend: {model.backend.name}")
     rng = np.random.default_rng(0)
     rows: list[PathResult] = []
 
@@ -195,7 +194,8 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
     results = [dict(asdict(r), matmul_share=r.gflops / matmul, near_share=r.gflops / r.matmul_gflops_near)
                for r in rows]
     return {"matmul_gflops": matmul, "matmul_gflops_start": probes[0], "matmul_gflops_end": probes[-1],
-            "matmul_gflops_all": probes, "fused_kernels": model.fused, "repeats": repeats, "results": results}
+            "matmul_gflops_all": probes, "backend": model.backend.name,
+            "fused_kernels": model.backend.name == "fused_cpu", "repeats": repeats, "results": results}
 
 
 def _batch_requests(model, cfg: ModelConfig, p: int, user: int, suffix_len: int, cands: np.ndarray,
@@ -227,7 +227,7 @@ def format_table(report: dict[str, Any]) -> str:
     lines = [f"matmul 2048^2 GFLOP/s: {report['matmul_gflops_start']:.1f} before the sweep, "
              f"{report['matmul_gflops_end']:.1f} after it, {report['matmul_gflops']:.1f} fastest; "
              f"near = share of the faster measurement right before / after that path, %max = share of the fastest; "
-             f"fused kernels: {report['fused_kernels']}", head, "-" * len(head)]
+             f"backend: {report['backend']}", head, "-" * len(head)]
     for r in res:
         if r["path"] != "full":
             continue

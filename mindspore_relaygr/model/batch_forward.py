@@ -1,10 +1,10 @@
 """Batched HSTU forward over padded sequences: the training graph.
 
-The serving graphs run one request at a time with fused kernels; training runs B sequences at once with
-reference MindSpore ops (they have gradients) over the same `HSTUNet` parameters and computes exactly the
-serving math (tests compare it with `rank_full`). A row holds T = n + C tokens: n history tokens laid out as
-`RelayGRModel` lays them out (user token, events), then C candidate tokens (M-FALCON), which attend to the
-history keys their bias row shows and to themselves, never to each other.
+The serving graphs run one request at a time on the model's backend; training runs B sequences at once on
+the plain backend (`PlainOps`: MindSpore ops, which have gradients) over the same `HSTUNet` parameters and
+computes exactly the serving math (tests compare it with `rank_full`). A row holds T = n + C tokens: n history
+tokens laid out as `RelayGRModel` lays them out (user token, events), then C candidate tokens (M-FALCON),
+which attend to the history keys their bias row shows and to themselves, never to each other.
 
 Who sees whom and with which relative (position, time) bias comes in as bucket indices computed on the host
 (`model.batch_index.RabIndex`, numpy): hist_idx [B, n, n] for history queries and cand_idx [B, G, n] for G
@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from mindspore_relaygr.model.backend import PlainOps
 from mindspore_relaygr.model.host_dropout import apply_dropout, dropout_threshold
 from mindspore_relaygr.model.hstu import HSTULayer, take
 from mindspore_relaygr.model.network import HSTUNet
@@ -32,6 +33,7 @@ class BatchForward(nn.Cell):
     def __init__(self, net: HSTUNet, dropout: float) -> None:
         super().__init__(auto_prefix=False)  # the net's parameter names stay the checkpoint keys
         self.net = net
+        self.backend = PlainOps()  # training always runs plain ops: the fused kernels have no gradient
         self.threshold, self.scale = dropout_threshold(dropout)
         # Dropout sites: the input embeddings [.., d], then each layer's gated attention output [.., h * d_v].
         self.site_widths = [int(net.item_table.shape[1])] + [x.num_heads * x.parts["u"][1] for x in net.layers]
@@ -73,7 +75,7 @@ class BatchForward(nn.Cell):
         """One HSTU layer on [B, T, d] with the per-head weights (gradients reach them)."""
         b, t, d = x.shape
         n = hist_bias.shape[2]
-        y = ops.reshape(layer.project(ops.reshape(x, (b * t, d))), (b, t, -1))  # [B, T, W]
+        y = ops.reshape(self.backend.project(layer, ops.reshape(x, (b * t, d))), (b, t, -1))  # [B, T, W]
         q = self._heads(layer, y, "q") * layer.q_scale
         k = self._heads(layer, y, "k")
         v = self._heads(layer, y, "v")

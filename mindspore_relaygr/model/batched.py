@@ -1,4 +1,4 @@
-"""The cached-prefix ranking graphs for B users in one call: fused CPU kernels, and plain MindSpore ops.
+"""The cached-prefix ranking graphs for B users in one call: one per kind of backend (`candidate_batch_graph`).
 
 Each user reads its own pool slot in place (the attention kernel's views, as `CandidateGraph`), has its own
 suffix, prefix length and candidates, all padded to one bucket (past P, suffix S, candidates M). The rows of
@@ -8,7 +8,7 @@ rows and its output projection one fused call; only attention runs per user (its
 The bias indices of every user come from the flat [B S] metadata through windows: no slicing ops.
 Scores equal the single-user graph's (tests/model/test_batched.py).
 
-`PlainBatchedCandidateGraph` is the same with MindSpore ops only (the path Ascend runs): each layer's
+`PlainBatchedCandidateGraph` is the same on head-major tensors (PlainOps, the path Ascend runs): each layer's
 projections of all users' suffix tokens and of all their candidates are one matmul each, as is the output
 projection; attention runs per user on head-major Q/K/V, over its slot's K/V gathered from the pool.
 """
@@ -19,7 +19,8 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 
-from mindspore_relaygr.model.hstu import pointwise_attention, shape_carrier, take
+from mindspore_relaygr.model.backend import Backend
+from mindspore_relaygr.model.hstu import shape_carrier, take
 from mindspore_relaygr.model.network import HSTUNet, unit
 from mindspore_relaygr.model.pool import KVPool
 
@@ -28,14 +29,20 @@ def _flat(t: Tensor) -> Tensor:
     return ops.reshape(t, (-1,))
 
 
-class BatchedCandidateGraph(nn.Cell):
-    """B cached slots + suffixes + candidates -> candidate logits [B, M, tasks]."""
+def candidate_batch_graph(net: HSTUNet, pool: KVPool, backend: Backend) -> nn.Cell:
+    """The batched ranking graph of `backend`: in-place views when it reads them, else head-major tensors."""
+    graph = BatchedCandidateGraph if backend.reads_views else PlainBatchedCandidateGraph
+    return graph(net, pool, backend)
 
-    def __init__(self, net: HSTUNet, pool: KVPool) -> None:
+
+class BatchedCandidateGraph(nn.Cell):
+    """B cached slots + suffixes + candidates -> candidate logits [B, M, tasks], on a backend that reads views."""
+
+    def __init__(self, net: HSTUNet, pool: KVPool, backend: Backend) -> None:
         super().__init__()
-        if not net.rab.reads_views(True):
-            raise ValueError("the batched ranking graph needs the fused attention kernel")
-        self.net, self.pool = net, pool
+        if not backend.reads_views:
+            raise ValueError(f"this batched ranking graph needs a backend that reads views, not {backend.name!r}")
+        self.net, self.pool, self.backend = net, pool, backend
         self.num_layers = len(net.layers)
 
     def construct(self, item_ids, action_ids, pos, hi, lo, valid, past_views, past_time_ids, past_pos, past_valid,
@@ -44,7 +51,7 @@ class BatchedCandidateGraph(nn.Cell):
         int64 (PoolLayout.read_views of each slot), past_time_ids, past_pos [B, P] int32, past_valid [B, P] bool;
         cand_ids [B, M] int32; cand_pos [B] int32, cand_hi, cand_lo [B] fp32; last [B] int32 (the row of each
         user's last valid suffix token)."""
-        net, rab = self.net, self.net.rab
+        net, rab, backend = self.net, self.net.rab, self.backend
         b, s = item_ids.shape
         m, p = cand_ids.shape[1], past_pos.shape[1]
         r = s + m
@@ -65,12 +72,13 @@ class BatchedCandidateGraph(nn.Cell):
         new_idx, past_idx, cand_new_idx, cand_past_idx = (), (), (), ()
         for i in range(b):
             rows, keys = (i * s, i * s + s), (i * p, i * p + p)
-            cand_row = rab.prepare_window(cand_meta, (i, i + 1), meta, rows)  # [1, S]
+            cand_row = backend.prepare_window(rab, cand_meta, (i, i + 1), meta, rows)  # [1, S]
             cand_rows = ops.concat((ops.broadcast_to(cand_row, (m, s)), own), axis=1)  # [M, R]
-            new_idx += (ops.concat((ops.concat((rab.prepare_window(meta, rows, meta, rows), masked), axis=1),
-                                    cand_rows)),)  # [R, R]
-            cand_past = rab.prepare_window(cand_meta, (i, i + 1), past_meta, keys)  # [1, P]
-            past_idx += (ops.concat((rab.prepare_window(meta, rows, past_meta, keys), cand_past)),)  # [S + 1, P]
+            new_rows = ops.concat((backend.prepare_window(rab, meta, rows, meta, rows), masked), axis=1)
+            new_idx += (ops.concat((new_rows, cand_rows)),)  # [R, R]
+            cand_past = backend.prepare_window(rab, cand_meta, (i, i + 1), past_meta, keys)  # [1, P]
+            past_rows = backend.prepare_window(rab, meta, rows, past_meta, keys)
+            past_idx += (ops.concat((past_rows, cand_past)),)  # [S + 1, P]
             cand_new_idx += (cand_rows,)
             cand_past_idx += (cand_past,)
         last_rows = last + Tensor(np.arange(b, dtype=np.int32) * r)  # the user rows in x
@@ -79,17 +87,17 @@ class BatchedCandidateGraph(nn.Cell):
         final = self.num_layers - 1
         user = None
         for layer_id, layer in enumerate(net.layers):
-            y = layer.project(x, assembled=True)  # [B R, W]: one GEMM for every user's rows
+            y = backend.project(layer, x)  # [B R, W]: one GEMM for every user's rows
             past_kv = [self._past_views(past_views, i, layer_id) for i in range(b)]
             new_kv = [(y, layer.view_at("k", i * r), y, layer.view_at("v", i * r)) for i in range(b)]
             u = layer.part(y, "u")
             if layer_id < final:
                 av = ()
                 for i in range(b):
-                    av += (pointwise_attention(rab, True, (y, layer.view_at("q", i * r)), past_kv[i], past_idx[i],
-                                               shape_carrier(r, u.shape[1]), net.attention_scales, net.inv_norm,
-                                               ((new_kv[i], new_idx[i]),)),)
-                x = layer.finish(x, ops.concat(av), u, fused=True)
+                    av += (backend.attention(rab, (y, layer.view_at("q", i * r)), past_kv[i], past_idx[i],
+                                             shape_carrier(r, u.shape[1]), net.attention_scales, net.inv_norm,
+                                             ((new_kv[i], new_idx[i]),)),)
+                x = backend.finish(layer, x, ops.concat(av), u)
                 continue
             user = self._user_rows(layer, x, last_rows, last_meta, meta, past_meta, new_kv, past_kv, s, p)
             # The last layer: only the candidate rows (and the user rows above) feed the output.
@@ -98,10 +106,10 @@ class BatchedCandidateGraph(nn.Cell):
                 first = i * r + s
                 u_c += (take(u, first, first + m),)
                 x_c += (take(x, first, first + m),)
-                av += (pointwise_attention(rab, True, (y, layer.view_at("q", first)), past_kv[i], cand_past_idx[i],
-                                           shape_carrier(m, u.shape[1]), net.attention_scales, net.inv_norm,
-                                           ((new_kv[i], cand_new_idx[i]),)),)
-            x = layer.finish(ops.concat(x_c), ops.concat(av), ops.concat(u_c), fused=True)  # [B M, d]
+                av += (backend.attention(rab, (y, layer.view_at("q", first)), past_kv[i], cand_past_idx[i],
+                                         shape_carrier(m, u.shape[1]), net.attention_scales, net.inv_norm,
+                                         ((new_kv[i], cand_new_idx[i]),)),)
+            x = backend.finish(layer, ops.concat(x_c), ops.concat(av), ops.concat(u_c))  # [B M, d]
         return _batched_logits(self.net, user, x, cand_ids)
 
     def _past_views(self, past_views, i: int, layer_id: int):
@@ -113,19 +121,19 @@ class BatchedCandidateGraph(nn.Cell):
     def _user_rows(self, layer, x, last_rows, last_meta, meta, past_meta, new_kv, past_kv, s: int, p: int):
         """Every user's state row of the last layer [B, d]: one projection for the B rows, attention per user
         over its new keys and its past (as HSTUNet._user_row does for one user)."""
-        net, rab = self.net, self.net.rab
+        net, rab, backend = self.net, self.net.rab, self.backend
         x_u = ops.gather(x, last_rows, 0)  # [B, d]
-        y_u = layer.project(x_u, assembled=True)
+        y_u = backend.project(layer, x_u)
         u = layer.part(y_u, "u")
         av = ()
         for i in range(len(new_kv)):
             q_rows = (i, i + 1)
-            idx = rab.prepare_window(last_meta, q_rows, meta, (i * s, i * s + s))
-            past_idx = rab.prepare_window(last_meta, q_rows, past_meta, (i * p, i * p + p))
-            av += (pointwise_attention(rab, True, (y_u, layer.view_at("q", i)), new_kv[i], idx,
-                                       shape_carrier(1, u.shape[1]), net.attention_scales, net.inv_norm,
-                                       ((past_kv[i], past_idx),)),)
-        return layer.finish(x_u, ops.concat(av), u, fused=True)
+            idx = backend.prepare_window(rab, last_meta, q_rows, meta, (i * s, i * s + s))
+            past_idx = backend.prepare_window(rab, last_meta, q_rows, past_meta, (i * p, i * p + p))
+            av += (backend.attention(rab, (y_u, layer.view_at("q", i)), new_kv[i], idx,
+                                     shape_carrier(1, u.shape[1]), net.attention_scales, net.inv_norm,
+                                     ((past_kv[i], past_idx),)),)
+        return backend.finish(layer, x_u, ops.concat(av), u)
 
 
 def _batched_logits(net: HSTUNet, user, cand_hidden, cand_ids):
@@ -142,17 +150,20 @@ def _batched_logits(net: HSTUNet, user, cand_hidden, cand_ids):
 
 
 class PlainBatchedCandidateGraph(nn.Cell):
-    """B cached slots + suffixes + candidates -> candidate logits [B, M, tasks], MindSpore ops only; the inputs
+    """B cached slots + suffixes + candidates -> candidate logits [B, M, tasks] on head-major tensors; the inputs
     of BatchedCandidateGraph, with each slot's K/V row ids (PoolLayout.read_ids) for `past_kv_ids` [B, L H P]."""
 
-    def __init__(self, net: HSTUNet, pool: KVPool) -> None:
+    def __init__(self, net: HSTUNet, pool: KVPool, backend: Backend) -> None:
         super().__init__()
-        self.net, self.pool = net, pool
+        if backend.reads_views:
+            raise ValueError(f"this batched ranking graph needs a backend that does not read views, not "
+                             f"{backend.name!r}")
+        self.net, self.pool, self.backend = net, pool, backend
         self.num_layers = len(net.layers)
 
     def construct(self, item_ids, action_ids, pos, hi, lo, valid, past_kv_ids, past_time_ids, past_pos, past_valid,
                   cand_ids, cand_pos, cand_hi, cand_lo, last):
-        net, rab = self.net, self.net.rab
+        net, rab, backend = self.net, self.net.rab, self.backend
         b, s = item_ids.shape
         m = cand_ids.shape[1]
         x = net.embed(_flat(item_ids), _flat(action_ids), _flat(pos))  # [B S, d]
@@ -169,15 +180,16 @@ class PlainBatchedCandidateGraph(nn.Cell):
             metas.append(meta)
             pasts.append((keys, values))
             cand_metas.append(cand_meta)
-            # Bias values, built once per user and read by every layer (as HSTUNet._encode_reference).
-            biases.append(((rab.prepare(False, meta[:3], meta), rab.prepare(False, meta[:3], past_meta)),
-                           (rab.prepare(False, cand_meta, meta), rab.prepare(False, cand_meta, past_meta)),
+            # Bias values, built once per user and read by every layer (as HSTUNet._encode_heads).
+            biases.append(((backend.prepare(rab, meta[:3], meta), backend.prepare(rab, meta[:3], past_meta)),
+                           (backend.prepare(rab, cand_meta, meta), backend.prepare(rab, cand_meta, past_meta)),
                            past_meta))
         self_bias = ops.transpose(rab.self_bias(), (1, 0))  # [1, h]
         final = self.num_layers - 1
         user = None
         for layer_id, layer in enumerate(net.layers):
-            y, yc = layer.project(x), layer.project(cand)  # one matmul for every user's tokens, one for candidates
+            # one matmul for every user's tokens, one for candidates
+            y, yc = backend.project(layer, x), backend.project(layer, cand)
             k, v = layer.heads(y, "k"), layer.heads(y, "v")  # [h, B S, d]
             q, qc = layer.heads(y, "q") * layer.q_scale, layer.heads(yc, "q") * layer.q_scale
             av, av_c, users = (), (), ()
@@ -186,17 +198,17 @@ class PlainBatchedCandidateGraph(nn.Cell):
                 keys, values = pasts[i]
                 past_kv = (keys[layer_id], None, values[layer_id], None)
                 token_bias, cand_bias, past_meta = biases[i]
-                av_c += (net._attend(False, (take(qc, i * m, i * m + m, 1), None), new_kv, past_kv, cand_bias),)
+                av_c += (net._attend(backend, (take(qc, i * m, i * m + m, 1), None), new_kv, past_kv, cand_bias),)
                 if layer_id < final:
-                    av += (net._attend(False, (take(q, i * s, i * s + s, 1), None), new_kv, past_kv, token_bias),)
+                    av += (net._attend(backend, (take(q, i * s, i * s + s, 1), None), new_kv, past_kv, token_bias),)
                 else:
                     past = (None, *past_meta)
-                    users += (net._user_row(layer, take(x, i * s, i * s + s), metas[i], past, new_kv, past_kv, False,
-                                            last[i:i + 1]),)
+                    users += (net._user_row(layer, take(x, i * s, i * s + s), metas[i], past, new_kv, past_kv,
+                                            backend, last[i:i + 1]),)
             av_c = ops.concat(av_c) + layer.self_attention(yc, self_bias, net.inv_norm)
-            cand = layer.finish(cand, av_c, layer.part(yc, "u"))
+            cand = backend.finish(layer, cand, av_c, layer.part(yc, "u"))
             if layer_id < final:
-                x = layer.finish(x, ops.concat(av), layer.part(y, "u"))
+                x = backend.finish(layer, x, ops.concat(av), layer.part(y, "u"))
             else:
                 user = ops.concat(users)
         return _batched_logits(net, user, cand, cand_ids)

@@ -1,4 +1,7 @@
-"""HSTU building blocks: the layer, the relative (position, time) bias and blocked attention.
+"""HSTU building blocks: the layer, the relative (position, time) bias and the query blocks of attention.
+
+The cells hold the parameters and the helpers every backend shares; what differs between plain MindSpore
+ops and the fused CPU kernels (bias state, projection, attention, residual update) is in model/backend.py.
 
 Shapes use n = new tokens, K = keys visible to a query block, h = heads, d = d_model.
 Timestamps travel as float32 pairs (hi, lo) = (t // 65536, t % 65536) so that differences of
@@ -58,8 +61,8 @@ class RelativeBias(nn.Cell):
         self.pos_lut = Tensor(position_buckets(cfg.num_pos_buckets, cfg.max_seq_len))
         thresholds = time_thresholds(cfg.num_time_buckets, cfg.time_bucket_scale)
         self.time_bounds = [float(t) for t in thresholds]
-        # Fused kernel form: 0, the thresholds, +inf (so bucket +-1 lookups never leave the array).
-        self.fused_thresholds = Tensor(np.concatenate([[0.0], thresholds, [np.inf]]).astype(np.float32))
+        # The kernels' form: 0, the thresholds, +inf (so bucket +-1 lookups never leave the array).
+        self.kernel_thresholds = Tensor(np.concatenate([[0.0], thresholds, [np.inf]]).astype(np.float32))
         self.table = Parameter(
             initializer(Normal(0.02), (cfg.num_heads, self.mask_index), mstype.float32), name="rab_table"
         )
@@ -67,48 +70,11 @@ class RelativeBias(nn.Cell):
         offsets = np.arange(cfg.num_heads, dtype=np.int32) * (self.mask_index + 1)
         self.head_offsets = Tensor(offsets.reshape(-1, 1, 1))
         params = [cfg.num_pos_buckets, cfg.time_bucket_scale, self.mask_index]
-        self.fused_params = Tensor(np.array(params, np.float32))
-        self.fused_index_op = None
-        self.fused_window_op = None
-        self.fused_weights_op = None
-        self.fused_attention_op = None
-
-    def enable_fused(self, fused_ops) -> None:
-        """Attach the fused CPU kernels (model/kernels.py); graphs built with fused=True use them."""
-        self.fused_index_op = fused_ops.rab_index
-        self.fused_window_op = fused_ops.rab_index_window
-        self.fused_weights_op = fused_ops.bias_silu
-        self.fused_attention_op = fused_ops.attention
-
-    def reads_views(self, fused: bool) -> bool:
-        """True when attention reads Q/K/V in place through strided views (the fused attention kernel)."""
-        return fused and self.fused_attention_op is not None
+        self.kernel_params = Tensor(np.array(params, np.float32))
 
     def masked_table(self) -> Tensor:
         """The bias table with the mask column appended: [h, T + 1]."""
         return ops.concat((self.table, self.mask_column), axis=1)
-
-    def prepare(self, fused: bool, q_meta: tuple, k_meta: tuple) -> Tensor:
-        """Per-request bias state of one query block, reused by every layer.
-
-        Reference path: the bias values [h, B, K]. Fused path: the bucket indices [B, K].
-        """
-        if fused:
-            return self.fused_index_op(*q_meta[:3], *k_meta, self.pos_lut, self.fused_thresholds, self.fused_params)
-        return self.gather(self.index(*q_meta, *k_meta))
-
-    def prepare_window(self, q_meta: tuple, q_rows: tuple[int, int], k_meta: tuple, k_rows: tuple[int, int]) -> Tensor:
-        """Fused bucket indices [B, K] of queries q_rows = [start, stop) of q_meta over keys k_rows of k_meta,
-        read in place: no slices of the metadata first (one op where a block would otherwise need eight)."""
-        (q0, q1), (k0, k1) = q_rows, k_rows
-        return self.fused_window_op(*q_meta[:3], *k_meta, self.pos_lut, self.fused_thresholds, self.fused_params,
-                                    Tensor([q0, k0], mstype.int64), shape_carrier(q1 - q0), shape_carrier(k1 - k0))
-
-    def weights(self, fused: bool, scores: Tensor, prepared: Tensor) -> Tensor:
-        """SiLU(scores + rab) for one query block, scores [h, B, K]."""
-        if fused:
-            return self.fused_weights_op(scores, prepared, self.masked_table())
-        return ops.silu(scores + prepared)
 
     def index(self, q_pos: Tensor, q_hi: Tensor, q_lo: Tensor, k_pos: Tensor, k_hi: Tensor, k_lo: Tensor,
               k_valid: Tensor) -> Tensor:
@@ -138,9 +104,10 @@ class HSTULayer(nn.Cell):
 
     W1 is one [d, h * (2 dv + 2 dqk)] matmul over all tokens, giving y [n, W] with columns
     U | V | Q | K (head g of V at [h dv + g dv, ...)). The fused attention kernel reads Q, K and V
-    from y in place through strided views; the reference ops use head-major copies ([h, n, d]). The
-    parameters stay per head (w_v [h, d, dv], ...), so checkpoints keep their layout; inference graphs
-    read W1 from a copy assembled once (`assemble_weights`), training and export assemble it in the graph.
+    from y in place through strided views; plain ops use head-major copies ([h, n, d]). The
+    parameters stay per head (w_v [h, d, dv], ...), so checkpoints keep their layout; the fused_cpu backend
+    reads W1 from a copy assembled once (`assemble_weights`), the plain one (training, export) assembles it in
+    the graph (`per_head_w1`). The projection and the residual update are the backend's (model/backend.py).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -161,7 +128,6 @@ class HSTULayer(nn.Cell):
         self.input_norm = nn.LayerNorm((d,))  # before the UVQK projection, as in the HSTU reference
         self.norm = nn.LayerNorm((h * cfg.d_v,))
         self.norm_eps = Tensor(np.array([self.norm.epsilon], np.float32))
-        self.project_op = self.project_columns_op = self.finish_op = None  # fused dense kernels (enable_fused)
         self.out = nn.Dense(h * cfg.d_v, d, weight_init=Normal(0.02))
         self.q_scale = 1.0 / math.sqrt(cfg.d_qk) if cfg.qk_scale is None else float(cfg.qk_scale)
         hv, hq = h * cfg.d_v, h * cfg.d_qk
@@ -172,7 +138,7 @@ class HSTULayer(nn.Cell):
         self.pad_bias = Tensor(np.zeros(PAD_COLUMNS, np.float32))
         # (first column, width per head) of each part of y
         self.parts = {"u": (0, cfg.d_v), "v": (hv, cfg.d_v), "q": (2 * hv, cfg.d_qk), "k": (2 * hv + hq, cfg.d_qk)}
-        # W1 and b1 assembled once for the inference graphs (see assemble_weights). Parameter names follow the
+        # W1 and b1 assembled once for the fused_cpu backend (see assemble_weights). Parameter names follow the
         # attribute names, so these end in ASSEMBLED, which keeps them out of checkpoints.
         self.w1_assembled = Parameter(initializer("zeros", (d, self.width), mstype.float32), requires_grad=False)
         self.b1_assembled = Parameter(initializer("zeros", (self.width,), mstype.float32), requires_grad=False)
@@ -184,16 +150,16 @@ class HSTULayer(nn.Cell):
         return ops.reshape(ops.transpose(w, (1, 0, 2)), (d, h * e)), ops.reshape(b, (h * e,))
 
     def assemble_weights(self) -> None:
-        """Copy the per-head parameters into the assembled W1 [d, W] and b1 [W] that `project(x, True)` uses.
+        """Copy the per-head parameters into the assembled W1 [d, W] and b1 [W] that FusedCpuOps.project reads.
 
-        Inference graphs then skip the per-call transposes and concats (about 1 ms per ranking request at
+        Its graphs then skip the per-call transposes and concats (about 1 ms per ranking request at
         d=256, 4 layers); call it again whenever the per-head parameters change.
         """
-        w, b = self._per_head_w1()  # run eagerly, once
+        w, b = self.per_head_w1()  # run eagerly, once
         self.w1_assembled.set_data(w)
         self.b1_assembled.set_data(b)
 
-    def _per_head_w1(self) -> tuple[Tensor, Tensor]:
+    def per_head_w1(self) -> tuple[Tensor, Tensor]:
         """W1 [d, W] and b1 [W] built from the per-head parameters (columns U | V | Q | K | padding)."""
         wv, bv = self._columns(self.w_v, self.b_v)
         wq, bq = self._columns(self.w_q, self.b_q)
@@ -202,25 +168,7 @@ class HSTULayer(nn.Cell):
         b = ops.concat((self.w_u.bias, bv, bq, bk, self.pad_bias))
         return w, b
 
-    def project(self, x: Tensor, assembled: bool = False, kv_only_rows: int = 0) -> Tensor:
-        """x [n, d] -> y = SiLU(W1 LayerNorm(x) + b1) [n, W], columns U | V | Q | K | padding.
-
-        assembled=True reads W1/b1 from `assemble_weights` (inference); False builds them from the per-head
-        parameters in the graph, so gradients reach those (training, export). kv_only_rows = r > 0 (a last
-        layer, whose token outputs feed nothing): the fused kernel computes only the V and K columns of rows
-        [0, r) and leaves zeros in their U and Q columns; the other paths compute every column.
-        """
-        x = self.input_norm(x)
-        if assembled:
-            if kv_only_rows > 0 and self.project_columns_op is not None:
-                return self.project_columns_op(x, self.w1_assembled, self.b1_assembled, self._kv_spec(kv_only_rows))
-            if self.project_op is not None:
-                return self.project_op(x, self.w1_assembled, self.b1_assembled)
-            return ops.silu(ops.bias_add(ops.matmul(x, self.w1_assembled), self.b1_assembled))
-        w, b = self._per_head_w1()
-        return ops.silu(ops.bias_add(ops.matmul(x, w), b))
-
-    def _kv_spec(self, rows: int) -> Tensor:
+    def kv_spec(self, rows: int) -> Tensor:
         """ProjectSiluColumns' spec: rows [0, rows) get the V and K column ranges only."""
         (v_first, v_width), (k_first, k_width) = self.parts["v"], self.parts["k"]
         return Tensor([rows, v_first, v_first + self.num_heads * v_width, k_first, k_first + self.num_heads * k_width],
@@ -244,7 +192,7 @@ class HSTULayer(nn.Cell):
 
     def rows_at(self, name: str) -> Tensor:
         """One part of y [n, W] as the per-head rows the pool stores: (offset, head stride, row stride, width,
-        heads) in elements, for KVPool.write_views."""
+        heads) in elements, for the fused_cpu backend's slot write (FusedCpuOps.write_prefix)."""
         first, width = self.parts[name]
         return Tensor([first, width, self.width, width, self.num_heads], mstype.int64)
 
@@ -256,53 +204,6 @@ class HSTULayer(nn.Cell):
         v = ops.reshape(self.part(y, "v"), (m, h, self.d_v))
         weights = ops.silu(ops.sum(q * k, -1) * self.q_scale + self_bias)  # [M, h]
         return ops.reshape(ops.expand_dims(weights, -1) * v * inv_norm, (m, h * self.d_v))
-
-    def enable_fused(self, fused_ops) -> None:
-        """Attach the fused dense kernels (model/kernels.py), used by `project(x, True)` and `finish(..., True)`."""
-        self.project_op = fused_ops.project_silu
-        self.project_columns_op = fused_ops.project_silu_columns
-        self.finish_op = fused_ops.finish_rows
-
-    def finish(self, x: Tensor, av_rows: Tensor, u: Tensor, fused: bool = False) -> Tensor:
-        """Residual update from the attention output av_rows [n, h*dv] (token-major) and the gate u."""
-        if fused and self.finish_op is not None:
-            return self.finish_op(x, av_rows, u, self.norm.gamma, self.norm.beta, self.out.weight, self.out.bias,
-                                  self.norm_eps)
-        return x + self.out(self.norm(av_rows) * u)
-
-
-_bmm_nt = ops.BatchMatMul(transpose_b=True)
-
-
-def pointwise_attention(rab: RelativeBias, fused: bool, query: tuple, kv: tuple, prepared: Tensor, like: Tensor,
-                        scales: Tensor, inv_norm: float, more: tuple = ()) -> Tensor:
-    """SiLU(q k^T + rab) v / N_norm for one query block -> [B, h*dv], token-major.
-
-    query = (Q, at); kv = (K, K at, V, V at). at = None: the tensor itself, head-major ([h, B, dqk]
-    with Q already scaled, [h, N, d] keys); otherwise an int64 [4] strided view (offset, head stride,
-    row stride, width) that the fused kernel reads in place (Q scaled by scales[0] inside).
-    The number of keys is the width of `prepared` (bias [h, B, K] or bucket indices [B, K]); K/V may
-    hold more rows (the kernel reads the first K, the reference ops slice them). `like` [B, h*dv] gives
-    the kernel its output shape. `more`: further (kv, prepared) key segments, whose attention is added (no
-    softmax normaliser): the kernel runs all segments in one call.
-    """
-    q, q_at = query
-    keys, k_at, values, v_at = kv
-    if q_at is not None:
-        segments = (keys, k_at, values, v_at, prepared)
-        for seg_kv, seg_prepared in more:
-            segments += (*seg_kv, seg_prepared)
-        return rab.fused_attention_op(q, q_at, *segments, rab.masked_table(), scales, like)
-    if more:
-        out = pointwise_attention(rab, fused, query, kv, prepared, like, scales, inv_norm)
-        for seg_kv, seg_prepared in more:
-            out = out + pointwise_attention(rab, fused, query, seg_kv, seg_prepared, like, scales, inv_norm)
-        return out
-    num_keys = prepared.shape[-1]
-    if keys.shape[1] != num_keys:
-        keys, values = take(keys, 0, num_keys, 1), take(values, 0, num_keys, 1)
-    out = ops.bmm(rab.weights(fused, _bmm_nt(q, keys), prepared), values) * inv_norm
-    return ops.reshape(ops.transpose(out, (1, 0, 2)), (out.shape[1], -1))
 
 
 def shape_carrier(*shape: int) -> Tensor:

@@ -1,9 +1,10 @@
 """Build and wrap the fused CPU kernels (mindspore_relaygr/kernels/rab_attention.cc) as ops.Custom.
 
 The shared library is compiled once per machine into a cache directory keyed by the source, the
-compiler and the CPU; if anything fails the model falls back to the reference MindSpore ops.
-The tiled attention kernel also needs oneDNN's `dnnl_sgemm`, taken from the libdnnl that the
-MindSpore wheel ships; without it the model keeps the two pointwise kernels and MindSpore's matmuls.
+compiler and the CPU. The tiled attention and projection kernels also need oneDNN's `dnnl_sgemm`, taken
+from the libdnnl that the MindSpore wheel ships. The ops come as one set (`FusedOps`): either every one of
+them loads, or `require_fused_ops` raises `KernelsUnavailable` naming what is missing, and the model runs
+the plain backend (model/backend.py).
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ class KernelProfile:
 
 @dataclass(frozen=True)
 class FusedOps:
-    """The fused primitives; see rab_attention.cc for their contracts."""
+    """The fused primitives, all of them; see rab_attention.cc for their contracts."""
 
     rab_index: Any  # (q_pos, q_hi, q_lo, k_pos, k_hi, k_lo, k_valid, pos_lut, thresholds, params) -> [B, K]
     # (the rab_index inputs, window [2] i64 = (q0, k0), rows [B], cols [K]) -> [B, K] for queries [q0, q0 + B) and
@@ -132,68 +133,80 @@ class FusedOps:
     rab_index_window: Any
     bias_silu: Any  # (scores [H, B, K], idx [B or 1, K], table [H, T]) -> SiLU(scores + bias) [H, B, K]
     # (q, q_at, then key segments (k, k_at, v, v_at, idx [B or 1, K]), table [H, T], scales [2], like [B, H*dv])
-    # -> [B, H*dv], summed over the segments;
-    # None without oneDNN
-    attention: Any | None
-    project_silu: Any | None = None  # (x [n, d], w [d, W], b [W]) -> SiLU(x w + b) [n, W]; None without oneDNN
+    # -> [B, H*dv], summed over the segments
+    attention: Any
+    project_silu: Any  # (x [n, d], w [d, W], b [W]) -> SiLU(x w + b) [n, W]
     # (x, w, b, spec [1 + 2k] i64 = (first full row, column ranges...)) -> [n, W]: rows before the first full row
-    # get only the listed columns (zeros elsewhere); None without oneDNN
-    project_silu_columns: Any | None = None
+    # get only the listed columns (zeros elsewhere)
+    project_silu_columns: Any
     # (x [n, d], av [n, e], u [n, e], gamma [e], beta [e], w2 [d, e], b2 [d], eps [1]) -> [n, d]:
-    # x + (LayerNorm(av) * u) w2^T + b2; None without oneDNN
-    finish_rows: Any | None = None
+    # x + (LayerNorm(av) * u) w2^T + b2
+    finish_rows: Any
     # (pool [R, d] Parameter, ids [L*H*C] i32, at [5] i64, y_0 .. y_{L-1} [n, W]) -> done [1] i32: copies each
     # layer's per-head rows of y into the pool rows `ids`, in place (the prefix graph's slot write)
-    scatter_view_rows: Any | None = None
+    scatter_view_rows: Any
+
+
+class KernelsUnavailable(RuntimeError):
+    """The fused CPU kernels cannot all be built and loaded here; the message says what is missing."""
 
 
 _cached: FusedOps | None = None
-_failed = False
+_problem: str | None = None  # why they are unavailable, once a build failed
+
+
+def require_fused_ops() -> FusedOps:
+    """Every fused op, built once per process; raises KernelsUnavailable naming what is missing."""
+    global _cached, _problem
+    if _cached is None and _problem is None:
+        try:
+            _cached = _build_fused_ops()
+        except Exception as exc:  # noqa: BLE001 - any build/load problem makes the kernels unavailable
+            _problem = str(exc)
+    if _cached is None:
+        raise KernelsUnavailable(_problem)
+    return _cached
 
 
 def load_fused_ops() -> FusedOps | None:
-    """The fused ops for this process, or None when they cannot be built (reference ops are used)."""
-    global _cached, _failed
-    if _cached is not None or _failed:
-        return _cached
+    """`require_fused_ops()`, or None when the kernels are unavailable."""
     try:
-        from mindspore import dtype as mstype
-        from mindspore import ops
+        return require_fused_ops()
+    except KernelsUnavailable:
+        return None
 
-        lib = build_library()
-        attention = project_silu = project_silu_columns = finish_rows = None
-        if init_gemm(lib):
-            # Output [B, h * dv] takes the shape of its last input (`like`, see hstu.pointwise_attention).
-            attention = ops.Custom(f"{lib}:PointwiseAttention", out_shape=lambda *shapes: shapes[-1],
-                                   out_dtype=lambda *types: types[0], func_type="aot")
-            project_silu = ops.Custom(f"{lib}:ProjectSilu", out_shape=lambda x, w, b: (x[0], w[1]),
-                                      out_dtype=lambda *types: types[0], func_type="aot")
-            project_silu_columns = ops.Custom(f"{lib}:ProjectSiluColumns",
-                                              out_shape=lambda x, w, b, spec: (x[0], w[1]),
-                                              out_dtype=lambda *types: types[0], func_type="aot")
-            finish_rows = ops.Custom(f"{lib}:FinishRows", out_shape=lambda *shapes: shapes[0],
-                                     out_dtype=lambda *types: types[0], func_type="aot")
-        else:
-            logger.warning("oneDNN not found in the MindSpore package: attention runs as matmul + fused SiLU")
-        scatter_view_rows = ops.Custom(f"{lib}:ScatterViewRows", out_shape=lambda *shapes: (1,),
-                                       out_dtype=mstype.int32, func_type="aot")
-        # It writes its first input: keep the optimizer from dropping, merging or reordering calls.
-        scatter_view_rows.add_prim_attr("side_effect_mem", True)
-        _cached = FusedOps(
-            rab_index=ops.Custom(f"{lib}:RabIndex", out_shape=lambda qp, *rest: (qp[0], rest[2][0]),
-                                 out_dtype=mstype.int32, func_type="aot"),
-            rab_index_window=ops.Custom(f"{lib}:RabIndexWindow",
-                                        out_shape=lambda *shapes: (shapes[-2][0], shapes[-1][0]),
-                                        out_dtype=mstype.int32, func_type="aot"),
-            bias_silu=ops.Custom(f"{lib}:BiasSilu", out_shape=lambda s, i, t: s,
-                                 out_dtype=lambda s, i, t: s, func_type="aot"),
-            attention=attention,
-            project_silu=project_silu,
-            project_silu_columns=project_silu_columns,
-            finish_rows=finish_rows,
-            scatter_view_rows=scatter_view_rows,
-        )
-    except Exception as exc:  # noqa: BLE001 - any build/load problem means "use the reference ops"
-        _failed = True
-        logger.warning("fused CPU kernels unavailable, using reference ops: %s", exc)
-    return _cached
+
+def _build_fused_ops() -> FusedOps:
+    from mindspore import dtype as mstype
+    from mindspore import ops
+
+    lib = build_library()
+    onednn = find_onednn()
+    if onednn is None:
+        raise KernelsUnavailable("oneDNN (libdnnl.so*) not found in the MindSpore package: the attention and "
+                                 "projection kernels call its dnnl_sgemm")
+    if not init_gemm(lib):
+        raise KernelsUnavailable(f"oneDNN at {onednn} has no usable dnnl_sgemm for the attention and projection "
+                                 f"kernels")
+    scatter_view_rows = ops.Custom(f"{lib}:ScatterViewRows", out_shape=lambda *shapes: (1,),
+                                   out_dtype=mstype.int32, func_type="aot")
+    # It writes its first input: keep the optimizer from dropping, merging or reordering calls.
+    scatter_view_rows.add_prim_attr("side_effect_mem", True)
+    return FusedOps(
+        rab_index=ops.Custom(f"{lib}:RabIndex", out_shape=lambda qp, *rest: (qp[0], rest[2][0]),
+                             out_dtype=mstype.int32, func_type="aot"),
+        rab_index_window=ops.Custom(f"{lib}:RabIndexWindow", out_shape=lambda *shapes: (shapes[-2][0], shapes[-1][0]),
+                                    out_dtype=mstype.int32, func_type="aot"),
+        bias_silu=ops.Custom(f"{lib}:BiasSilu", out_shape=lambda s, i, t: s, out_dtype=lambda s, i, t: s,
+                             func_type="aot"),
+        # Output [B, h * dv] takes the shape of its last input (`like`, see backend.FusedCpuOps.attention).
+        attention=ops.Custom(f"{lib}:PointwiseAttention", out_shape=lambda *shapes: shapes[-1],
+                             out_dtype=lambda *types: types[0], func_type="aot"),
+        project_silu=ops.Custom(f"{lib}:ProjectSilu", out_shape=lambda x, w, b: (x[0], w[1]),
+                                out_dtype=lambda *types: types[0], func_type="aot"),
+        project_silu_columns=ops.Custom(f"{lib}:ProjectSiluColumns", out_shape=lambda x, w, b, spec: (x[0], w[1]),
+                                        out_dtype=lambda *types: types[0], func_type="aot"),
+        finish_rows=ops.Custom(f"{lib}:FinishRows", out_shape=lambda *shapes: shapes[0],
+                               out_dtype=lambda *types: types[0], func_type="aot"),
+        scatter_view_rows=scatter_view_rows,
+    )

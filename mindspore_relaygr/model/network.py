@@ -3,7 +3,8 @@
 All graphs share one `HSTUNet` (the weights) and the prefix/candidate graphs share one `KVPool`.
 `HSTUNet.encode` is the single forward routine: new tokens attend to optional past K/V (a cached
 prefix) and to each other causally; candidates attend to everything before them and to themselves
-only (M-FALCON). Each graph is that routine with different inputs and outputs.
+only (M-FALCON). Each graph is that routine with different inputs and outputs, on the model's one
+backend (model/backend.py), which every graph holds.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from mindspore import dtype as mstype
 from mindspore.common.initializer import Normal, initializer
 
 from mindspore_relaygr.config import ModelConfig
-from mindspore_relaygr.model.hstu import HSTULayer, RelativeBias, pointwise_attention, query_blocks, shape_carrier, take
+from mindspore_relaygr.model.backend import Backend
+from mindspore_relaygr.model.hstu import HSTULayer, RelativeBias, query_blocks, shape_carrier, take
 from mindspore_relaygr.model.pool import KVPool
 
 
@@ -49,12 +51,6 @@ class HSTUNet(nn.Cell):
         self.attention_scales = Tensor(np.array([self.layers[0].q_scale, self.inv_norm], np.float32))
         self.block_len = cfg.attention_block_len
         self.candidate_action = cfg.num_actions + 1
-
-    def enable_fused(self, fused_ops) -> None:
-        """Attach the fused CPU kernels (model/kernels.py) to the bias and every layer."""
-        self.rab.enable_fused(fused_ops)
-        for layer in self.layers:
-            layer.enable_fused(fused_ops)
 
     def assemble_weights(self) -> None:
         """Refresh every layer's assembled W1/b1 from its per-head parameters (after any weight change)."""
@@ -96,47 +92,43 @@ class HSTUNet(nn.Cell):
         """Engage logits [B, I] of final-normed user states [B, d] against items [I, d]."""
         return ops.matmul(unit(user), ops.transpose(unit(item_emb), (1, 0))) * self.inv_temperature
 
-    def encode(self, x, meta, past, cand, cand_meta, fused, last=None):
+    def encode(self, x, meta, past, cand, cand_meta, backend, last=None):
         """Run all layers.
 
         x [n, d] new tokens; meta = (pos [n] int32, time hi [n], time lo [n], valid [n] bool).
         past = None or (K/V per layer, pos [P], hi [P], lo [P], valid [P]); K/V of a layer is
-        (K, K at, V, V at) as in hstu.pointwise_attention (pool views, or head-major with at = None).
+        (K, K at, V, V at) as the backend's attention takes them (pool views, or head-major with at = None).
         cand = None or [M, d]; cand_meta = (pos [1], hi [1], lo [1]): all candidates share them.
-        fused (a constant) picks the fused CPU kernels and the assembled W1 (inference: see
-        HSTUNet.assemble_weights) or the reference ops and per-head weights (training, export).
+        backend: the model's backend (model/backend.py), whose ops every layer runs.
         last = None or int32 [1]: the row of the last valid new token, whose final state (the user state) is
         returned; the last layer computes that one row of the new tokens.
         Pointwise attention has no softmax normaliser, so attention over [past | new] keys is the sum
         of the two parts: cached K/V are used as read, never concatenated.
         Returns (new K per layer, new V per layer, candidate hidden or None, user state [1, d] or None). K and V
-        are head-major ([h, n, dqk], [h, n, dv]) from the reference ops; with the attention kernel both are each
-        layer's projection output y [n (+ M), W], which KVPool.write_views reads in place (see
+        are head-major ([h, n, dqk], [h, n, dv]) with plain ops; when the backend reads views both are each
+        layer's projection output y [n (+ M), W], which its `write_prefix` reads in place (see
         HSTULayer.rows_at).
         """
-        if self.rab.reads_views(fused):
-            return self._encode_rows(x, meta, past, cand, cand_meta, last)
-        return self._encode_reference(x, meta, past, cand, cand_meta, fused, last)
+        if backend.reads_views:
+            return self._encode_rows(x, meta, past, cand, cand_meta, backend, last)
+        return self._encode_heads(x, meta, past, cand, cand_meta, backend, last)
 
-    def _user_row(self, layer, x, meta, past, new_kv, past_kv, fused, last):
+    def _user_row(self, layer, x, meta, past, new_kv, past_kv, backend, last):
         """The last layer's output for the user-state row `last` [1] of the new tokens: its own projection
-        (all columns) and attention over the new keys and the past (one fused call for both)."""
+        (all columns) and attention over the new keys and the past (one kernel call for both with views)."""
         x_u = ops.gather(x, last, 0)  # [1, d]
-        y_u = layer.project(x_u, assembled=fused)
+        y_u = backend.project(layer, x_u)
         q_meta = tuple(ops.gather(m, last, 0) for m in meta[:3])
-        idx = self.rab.prepare(fused, q_meta, meta)
-        past_idx = None if past is None else self.rab.prepare(fused, q_meta, past[1:])
+        idx = backend.prepare(self.rab, q_meta, meta)
+        past_idx = None if past is None else backend.prepare(self.rab, q_meta, past[1:])
         u = layer.part(y_u, "u")
-        if self.rab.reads_views(fused):
-            more = () if past is None else ((past_kv, past_idx),)
-            av = pointwise_attention(self.rab, True, (y_u, layer.view_at("q")), new_kv, idx, u,
-                                     self.attention_scales, self.inv_norm, more)
-        else:
-            av = self._attend(fused, (layer.heads(y_u, "q") * layer.q_scale, None), new_kv, past_kv, (idx, past_idx))
-        return layer.finish(x_u, av, u, fused=self.rab.reads_views(fused))  # as the other rows of its path
+        query = (y_u, layer.view_at("q")) if backend.reads_views else (layer.heads(y_u, "q") * layer.q_scale, None)
+        more = () if past is None else ((past_kv, past_idx),)
+        av = backend.attention(self.rab, query, new_kv, idx, u, self.attention_scales, self.inv_norm, more)
+        return backend.finish(layer, x_u, av, u)
 
-    def _encode_rows(self, x, meta, past, cand, cand_meta, last):
-        """`encode` with the attention kernel, which reads Q/K/V in place: the candidates are rows n.. of one
+    def _encode_rows(self, x, meta, past, cand, cand_meta, backend, last):
+        """`encode` when attention reads Q/K/V in place (FusedCpuOps): the candidates are rows n.. of one
         token matrix, so every layer runs one projection, one kernel call per query block over the new keys
         (the last block also holds the candidates, whose keys are the history and themselves) and one kernel
         call for all rows over the past keys."""
@@ -145,8 +137,10 @@ class HSTUNet(nn.Cell):
         rows = n if cand is None else n + cand.shape[0]
         if cand is not None:
             x = ops.concat((x, cand))
-        new_idx = [self.rab.prepare_window(meta, (s, e), meta, (0, e)) for s, e in blocks]
-        cand_idx = None if cand is None else self._candidate_rows(self.rab.prepare(True, cand_meta, meta), rows - n)
+        new_idx = [backend.prepare_window(self.rab, meta, (s, e), meta, (0, e)) for s, e in blocks]
+        cand_idx = None
+        if cand is not None:
+            cand_idx = self._candidate_rows(backend.prepare(self.rab, cand_meta, meta), rows - n)
         if cand_idx is not None:
             # The last block's rows see no candidate keys; then the candidate rows.
             s, e = blocks[-1]
@@ -154,9 +148,9 @@ class HSTUNet(nn.Cell):
             new_idx[-1] = ops.concat((ops.concat((new_idx[-1], masked), axis=1), cand_idx))
         past_idx = cand_past_idx = None
         if past is not None:
-            past_idx = self.rab.prepare_window(meta, (0, n), past[1:], (0, past[1].shape[0]))
+            past_idx = backend.prepare_window(self.rab, meta, (0, n), past[1:], (0, past[1].shape[0]))
             if cand is not None:
-                cand_past_idx = self.rab.prepare(True, cand_meta, past[1:])
+                cand_past_idx = backend.prepare(self.rab, cand_meta, past[1:])
                 past_idx = ops.concat((past_idx, cand_past_idx))  # the candidates share its last row
 
         projections = ()  # what the pool stores (unused, so pruned, when ranking)
@@ -164,35 +158,36 @@ class HSTUNet(nn.Cell):
         final = len(self.layers) - 1
         for layer_id, layer in enumerate(self.layers):
             # The last layer's token rows feed only their K and V (to the pool, and to the candidates).
-            y = layer.project(x, assembled=True, kv_only_rows=n if layer_id == final else 0)
+            y = backend.project(layer, x, kv_only_rows=n if layer_id == final else 0)
             projections += (y,)
             new_kv = (y, layer.view_at("k"), y, layer.view_at("v"))
             past_kv = None if past is None else past[0][layer_id]
             if layer_id == final and last is not None:
-                user = self._user_row(layer, x, meta, past, new_kv, past_kv, True, last)
+                user = self._user_row(layer, x, meta, past, new_kv, past_kv, backend, last)
             if layer_id == final and cand is None:
                 break  # only the last layer's K/V (and the user row) are needed
             u = layer.part(y, "u")
             if layer_id < final:
                 if past is not None and len(blocks) == 1:  # one call over [past | new] keys (ranking, short chunks)
-                    av = self._attend_rows(layer, y, 0, past_kv, past_idx, u, more=((new_kv, new_idx[0]),))
+                    av = self._attend_rows(backend, layer, y, 0, past_kv, past_idx, u, more=((new_kv, new_idx[0]),))
                 else:
                     av = ()
                     for b, (s, e) in enumerate(blocks):
                         e = rows if b == len(blocks) - 1 else e
                         like = shape_carrier(e - s, u.shape[1])  # the block's output shape, without slicing u
-                        av += (self._attend_rows(layer, y, s, new_kv, new_idx[b], like),)
+                        av += (self._attend_rows(backend, layer, y, s, new_kv, new_idx[b], like),)
                     av = ops.concat(av) if len(av) > 1 else av[0]
                     if past is not None:
-                        av = av + self._attend_rows(layer, y, 0, past_kv, past_idx, u)
-                x = layer.finish(x, av, u, fused=True)
+                        av = av + self._attend_rows(backend, layer, y, 0, past_kv, past_idx, u)
+                x = backend.finish(layer, x, av, u)
             else:  # the last layer's token outputs feed nothing: only the candidate rows
                 u_c = take(u, n, rows)
                 if past is None:
-                    av = self._attend_rows(layer, y, n, new_kv, cand_idx, u_c)
+                    av = self._attend_rows(backend, layer, y, n, new_kv, cand_idx, u_c)
                 else:
-                    av = self._attend_rows(layer, y, n, past_kv, cand_past_idx, u_c, more=((new_kv, cand_idx),))
-                x = layer.finish(take(x, n, rows), av, u_c, fused=True)
+                    av = self._attend_rows(backend, layer, y, n, past_kv, cand_past_idx, u_c,
+                                           more=((new_kv, cand_idx),))
+                x = backend.finish(layer, take(x, n, rows), av, u_c)
         return projections, projections, None if cand is None else x, user
 
     def _candidate_rows(self, row, num_cands):
@@ -201,64 +196,63 @@ class HSTUNet(nn.Cell):
         own = Tensor(np.where(np.eye(num_cands, dtype=bool), 0, self.rab.mask_index).astype(np.int32))  # a constant
         return ops.concat((ops.broadcast_to(row, (num_cands, row.shape[1])), own), axis=1)
 
-    def _attend_rows(self, layer, y, first_row, kv, idx, like, more=()):
-        """Kernel call for query rows [first_row, first_row + like rows) of y against the keys of kv (and of
-        each further (kv, idx) segment in `more`, summed in the same call)."""
-        return pointwise_attention(self.rab, True, (y, layer.view_at("q", first_row)), kv, idx, like,
-                                   self.attention_scales, self.inv_norm, more)
+    def _attend_rows(self, backend, layer, y, first_row, kv, idx, like, more=()):
+        """Attention of query rows [first_row, first_row + like rows) of y, read in place, over the keys of kv
+        (and of each further (kv, idx) segment in `more`, summed in the same call)."""
+        return backend.attention(self.rab, (y, layer.view_at("q", first_row)), kv, idx, like,
+                                 self.attention_scales, self.inv_norm, more)
 
-    def _encode_reference(self, x, meta, past, cand, cand_meta, fused, last):
-        """`encode` with MindSpore ops (fused=True: the two pointwise kernels): head-major Q/K/V, the
-        candidates as a separate token matrix with their own self-attention term."""
+    def _encode_heads(self, x, meta, past, cand, cand_meta, backend, last):
+        """`encode` on head-major Q/K/V (PlainOps): the candidates as a separate token matrix with their own
+        self-attention term."""
         blocks = query_blocks(x.shape[0], self.block_len)
         past_meta = None if past is None else past[1:]
         # Bias is built once per request and reused by every layer; candidates share one row.
         block_bias = ()
         for s, e in blocks:
             q_meta = tuple(take(m, s, e) for m in meta[:3])
-            new_bias = self.rab.prepare(fused, q_meta, tuple(take(m, 0, e) for m in meta))
-            past_bias = None if past is None else self.rab.prepare(fused, q_meta, past_meta)
+            new_bias = backend.prepare(self.rab, q_meta, tuple(take(m, 0, e) for m in meta))
+            past_bias = None if past is None else backend.prepare(self.rab, q_meta, past_meta)
             block_bias += ((new_bias, past_bias),)
         cand_bias = None
         if cand is not None:
-            cand_bias = (self.rab.prepare(fused, cand_meta, meta),
-                         None if past is None else self.rab.prepare(fused, cand_meta, past_meta))
+            cand_bias = (backend.prepare(self.rab, cand_meta, meta),
+                         None if past is None else backend.prepare(self.rab, cand_meta, past_meta))
         self_bias = ops.transpose(self.rab.self_bias(), (1, 0))  # [1, h]
 
         new_keys, new_values = (), ()
         user = None
         final = len(self.layers) - 1
         for layer_id, layer in enumerate(self.layers):
-            y = layer.project(x, assembled=fused)
+            y = backend.project(layer, x)
             k, v = layer.heads(y, "k"), layer.heads(y, "v")  # what the pool stores (unused ones are pruned)
             new_keys += (k,)
             new_values += (v,)
             new_kv = (k, None, v, None)
             past_kv = None if past is None else past[0][layer_id]
             if cand is not None:
-                yc = layer.project(cand, assembled=fused)
+                yc = backend.project(layer, cand)
                 uc = layer.part(yc, "u")
-                av_c = self._attend(fused, (layer.heads(yc, "q") * layer.q_scale, None), new_kv, past_kv, cand_bias)
+                av_c = self._attend(backend, (layer.heads(yc, "q") * layer.q_scale, None), new_kv, past_kv,
+                                    cand_bias)
                 av_c = av_c + layer.self_attention(yc, self_bias, self.inv_norm)
-                cand = layer.finish(cand, av_c, uc)
+                cand = backend.finish(layer, cand, av_c, uc)
             if layer_id == final and last is not None:
-                user = self._user_row(layer, x, meta, past, new_kv, past_kv, fused, last)
+                user = self._user_row(layer, x, meta, past, new_kv, past_kv, backend, last)
             if layer_id < final:  # the last layer's token outputs feed nothing but the user row and K/V
                 q_all = layer.heads(y, "q") * layer.q_scale
-                av = tuple(self._attend(fused, (take(q_all, s, e, 1), None), new_kv, past_kv, block_bias[b])
+                av = tuple(self._attend(backend, (take(q_all, s, e, 1), None), new_kv, past_kv, block_bias[b])
                            for b, (s, e) in enumerate(blocks))
                 u = layer.part(y, "u")
-                x = layer.finish(x, ops.concat(av) if len(av) > 1 else av[0], u)
+                x = backend.finish(layer, x, ops.concat(av) if len(av) > 1 else av[0], u)
         return new_keys, new_values, cand, user
 
-    def _attend(self, fused, query, new_kv, past_kv, bias):
-        """Attention of a query block over new keys (causal; the bias says how many) plus, if any, the past."""
-        out = pointwise_attention(self.rab, fused, query, new_kv, bias[0], None, self.attention_scales,
-                                  self.inv_norm)
-        if past_kv is not None:
-            out = out + pointwise_attention(self.rab, fused, query, past_kv, bias[1], None, self.attention_scales,
-                                            self.inv_norm)
-        return out
+    def _attend(self, backend, query, new_kv, past_kv, bias):
+        """Attention of a head-major query block over new keys (causal; the bias says how many) plus, if any,
+        the past; bias = (new keys' bias, past keys' bias)."""
+        more = () if past_kv is None else ((past_kv, bias[1]),)
+        return backend.attention(self.rab, query, new_kv, bias[0], None, self.attention_scales, self.inv_norm,
+                                 more)
 
 
 def unit(x: Tensor, eps: float = 1e-6) -> Tensor:
@@ -269,72 +263,54 @@ def unit(x: Tensor, eps: float = 1e-6) -> Tensor:
 class FullGraph(nn.Cell):
     """All tokens -> candidate logits (training, reference and the baseline serving path)."""
 
-    def __init__(self, net: HSTUNet, fused: bool = False) -> None:
+    def __init__(self, net: HSTUNet, backend: Backend) -> None:
         super().__init__()
-        self.net, self.fused = net, fused
+        self.net, self.backend = net, backend
 
     def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid,
                   cand_ids, cand_pos, cand_hi, cand_lo, last):
         x = self.net.add_user_token(self.net.embed(item_ids, action_ids, pos), user_feats, user_row)
         cand = self.net.embed_candidates(cand_ids, cand_pos)
         _, _, hidden, user = self.net.encode(x, (pos, hi, lo, valid), None, cand, (cand_pos, cand_hi, cand_lo),
-                                             self.fused, last)
+                                             self.backend, last)
         return self.net.logits(user, hidden, cand_ids)
 
 
-def _read_past(pool: KVPool, direct: bool, kv_ids, time_ids, past_pos, past_valid):
-    """The `past` of HSTUNet.encode from a slot: views into the pool (fused kernel; kv_ids is then the slot's
-    PoolLayout.read_views) or gathered K/V (kv_ids = PoolLayout.read_ids)."""
-    if direct:
-        views = pool.layer_views(kv_ids)
-        hi, lo = pool.read_times(time_ids)
-    else:
-        keys, values, hi, lo = pool.read(kv_ids, time_ids)
-        views = tuple((keys[i], None, values[i], None) for i in range(len(keys)))  # graph mode: no zip(strict=)
-    return views, past_pos, hi, lo, past_valid
-
-
 class PrefixGraph(nn.Cell):
-    """Prefix tokens (optionally extending a slot's cached tokens) -> K/V written in place."""
+    """Prefix tokens (optionally extending a slot's cached tokens) -> K/V written in place.
 
-    def __init__(self, net: HSTUNet, pool: KVPool, with_past: bool, fused: bool = False) -> None:
+    The slot inputs are the backend's: PoolLayout.read_views (a backend that reads views) or read_ids."""
+
+    def __init__(self, net: HSTUNet, pool: KVPool, backend: Backend, with_past: bool) -> None:
         super().__init__()
-        self.net, self.pool, self.with_past, self.fused = net, pool, with_past, fused
-        self.direct = net.rab.reads_views(fused)
-        self.key_rows_at, self.value_rows_at = net.layers[0].rows_at("k"), net.layers[0].rows_at("v")
+        self.net, self.pool, self.backend, self.with_past = net, pool, backend, with_past
 
     def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid,
                   write_kv_ids, write_time_ids, past_kv_ids, past_time_ids, past_pos, past_valid):
         x = self.net.add_user_token(self.net.embed(item_ids, action_ids, pos), user_feats, user_row)
         past = None
         if self.with_past:
-            past = _read_past(self.pool, self.direct, past_kv_ids, past_time_ids, past_pos, past_valid)
-        keys, values, _, _ = self.net.encode(x, (pos, hi, lo, valid), past, None, None, self.fused)
-        if self.direct:  # keys = values = each layer's projection output, copied to the pool in one pass
-            done = self.pool.write_views(write_kv_ids, write_time_ids, keys, self.key_rows_at, self.value_rows_at,
+            past = self.backend.read_past(self.pool, past_kv_ids, past_time_ids, past_pos, past_valid)
+        keys, values, _, _ = self.net.encode(x, (pos, hi, lo, valid), past, None, None, self.backend)
+        done = self.backend.write_prefix(self.pool, self.net.layers[0], write_kv_ids, write_time_ids, keys, values,
                                          hi, lo)
-        else:
-            width_k, width_v = keys[0].shape[-1], values[0].shape[-1]
-            done = self.pool.write(write_kv_ids, write_time_ids, ops.reshape(ops.stack(keys), (-1, width_k)),
-                                   ops.reshape(ops.stack(values), (-1, width_v)), hi, lo)
         return ops.depend(ops.reduce_sum(ops.cast(valid, mstype.int32)), done)
 
 
 class CandidateGraph(nn.Cell):
     """A cached slot + short-term suffix tokens + candidates -> candidate logits."""
 
-    def __init__(self, net: HSTUNet, pool: KVPool, fused: bool = False) -> None:
+    def __init__(self, net: HSTUNet, pool: KVPool, backend: Backend) -> None:
         super().__init__()
-        self.net, self.pool, self.fused = net, pool, fused
-        self.direct = net.rab.reads_views(fused)
+        self.net, self.pool, self.backend = net, pool, backend
 
     def construct(self, item_ids, action_ids, pos, hi, lo, valid, past_kv_ids, past_time_ids, past_pos,
                   past_valid, cand_ids, cand_pos, cand_hi, cand_lo, last):
         x = self.net.embed(item_ids, action_ids, pos)
         cand = self.net.embed_candidates(cand_ids, cand_pos)
-        past = _read_past(self.pool, self.direct, past_kv_ids, past_time_ids, past_pos, past_valid)
+        past = self.backend.read_past(self.pool, past_kv_ids, past_time_ids, past_pos, past_valid)
         _, _, hidden, user = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo),
-                                             self.fused, last)
+                                             self.backend, last)
         return self.net.logits(user, hidden, cand_ids)
 
 

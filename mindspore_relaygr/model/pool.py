@@ -183,16 +183,6 @@ class KVPool(nn.Cell):
         # (head stride, row stride, width) in elements of a slot's K and V views, after their offset
         self.key_view_tail = Tensor(np.array([layout.slot_len * layout.d_qk, layout.d_qk, layout.d_qk], np.int64))
         self.value_view_tail = Tensor(np.array([layout.slot_len * layout.d_v, layout.d_v, layout.d_v], np.int64))
-        self.scatter_view_rows_op = None
-
-    def enable_fused(self, fused_ops) -> None:
-        """Attach the in-place row copy kernel (model/kernels.py) that `write_views` uses."""
-        self.scatter_view_rows_op = fused_ops.scatter_view_rows
-
-    @property
-    def writes_views(self) -> bool:
-        """True when `write_views` can copy K/V straight from the projection outputs."""
-        return self.scatter_view_rows_op is not None
 
     def read(self, kv_ids: Tensor, time_ids: Tensor) -> tuple[tuple, tuple, Tensor, Tensor]:
         """-> (K [H, P, d_qk] per layer), (V [H, P, d_v] per layer), time hi [P], time lo [P].
@@ -209,7 +199,8 @@ class KVPool(nn.Cell):
         return (keys, values) + self.read_times(time_ids)
 
     def layer_views(self, views: Tensor) -> tuple:
-        """Per layer (keys, K at, values, V at): the slot's K/V read in place by the fused attention kernel.
+        """Per layer (keys, K at, values, V at): the slot's K/V read in place by the fused attention kernel
+        (FusedCpuOps.read_past).
 
         `views` is PoolLayout.read_views(slot) (computed on the host: the graph only slices it), so no gather
         copies the cached K/V and no ops build the view offsets.
@@ -224,21 +215,14 @@ class KVPool(nn.Cell):
         """Timestamps (hi [P], lo [P]) of a slot's first P tokens."""
         return ops.gather(self.time_hi, time_ids, 0), ops.gather(self.time_lo, time_ids, 0)
 
-    def write_views(self, kv_ids: Tensor, time_ids: Tensor, ys: tuple, key_at: Tensor, value_at: Tensor,
-                    hi: Tensor, lo: Tensor) -> Tensor:
-        """Like `write`, but K/V come straight from each layer's projection output y [n, W] (token-major),
-        read through (offset, head stride, row stride, width, heads) views: one copy into the pool rows,
-        instead of head transposes, a stack and a scatter. The kernel writes the pool Parameters in place."""
-        return self._with_times(self.scatter_view_rows_op(self.keys, kv_ids, key_at, *ys),
-                                self.scatter_view_rows_op(self.values, kv_ids, value_at, *ys), time_ids, hi, lo)
-
     def write(self, kv_ids: Tensor, time_ids: Tensor, keys: Tensor, values: Tensor, hi: Tensor,
               lo: Tensor) -> Tensor:
         """Scatter K/V [L*H*C, d] and times [C] in place (scatter_update: the pool is not copied)."""
-        return self._with_times(ops.scatter_update(self.keys, kv_ids, keys),
-                                ops.scatter_update(self.values, kv_ids, values), time_ids, hi, lo)
+        return self.with_times(ops.scatter_update(self.keys, kv_ids, keys),
+                               ops.scatter_update(self.values, kv_ids, values), time_ids, hi, lo)
 
-    def _with_times(self, keys_done: Tensor, values_done: Tensor, time_ids: Tensor, hi: Tensor, lo: Tensor) -> Tensor:
-        """Scatter the times too; the result depends on all four writes."""
+    def with_times(self, keys_done: Tensor, values_done: Tensor, time_ids: Tensor, hi: Tensor, lo: Tensor) -> Tensor:
+        """Scatter the times of a K/V write (keys_done, values_done: its results); the result depends on all four
+        writes."""
         done = (ops.scatter_update(self.time_hi, time_ids, hi), ops.scatter_update(self.time_lo, time_ids, lo))
         return ops.depend(ops.depend(ops.depend(keys_done, values_done), done[0]), done[1])

@@ -61,6 +61,8 @@ class RelayGRModel:
         configure_context(config.context)
         import mindspore as ms
 
+        from mindspore_relaygr.model.backend import select_backend
+        from mindspore_relaygr.model.batched import candidate_batch_graph
         from mindspore_relaygr.model.network import (
             CandidateGraph,
             FullGraph,
@@ -79,19 +81,17 @@ class RelayGRModel:
         self.net.set_train(False)
         self.net.assemble_weights()
         self.pool = KVPool(self.layout)
-        self.fused = self._resolve_fused()
+        # One backend for every graph of this model (model/backend.py): plain ops or the fused CPU kernels.
+        self.backend = select_backend(self.cfg, config.context.device_target)
         self._graphs = {
-            "full": FullGraph(self.net, self.fused),
-            "prefix": PrefixGraph(self.net, self.pool, with_past=False, fused=self.fused),
-            "extend": PrefixGraph(self.net, self.pool, with_past=True, fused=self.fused),
-            "candidate": CandidateGraph(self.net, self.pool, self.fused),
+            "full": FullGraph(self.net, self.backend),
+            "prefix": PrefixGraph(self.net, self.pool, self.backend, with_past=False),
+            "extend": PrefixGraph(self.net, self.pool, self.backend, with_past=True),
+            "candidate": CandidateGraph(self.net, self.pool, self.backend),
+            "candidate_batch": candidate_batch_graph(self.net, self.pool, self.backend),
             "read_slot": SlotReadGraph(self.pool),
             "write_slot": SlotWriteGraph(self.pool),
         }
-        from mindspore_relaygr.model.batched import BatchedCandidateGraph, PlainBatchedCandidateGraph
-
-        batched = BatchedCandidateGraph if self.net.rab.reads_views(self.fused) else PlainBatchedCandidateGraph
-        self._graphs["candidate_batch"] = batched(self.net, self.pool)
         self.prefix_buckets = [b for b in self.cfg.len_buckets if b <= self.layout.slot_len]
         self._user_offsets = user_offsets(self.cfg) if self.cfg.has_user_token else np.zeros(1, np.int32)
         self._user_tokens = 1 if self.cfg.has_user_token else 0
@@ -325,7 +325,7 @@ class RelayGRModel:
 
         max_chunk: compile prefix graphs only for chunks up to this many tokens (chunked prefill).
         max_batch: with the candidate graph, also compile the batched one for every batch bucket up to the one
-        holding this many users (rank_cached_batch; nothing more when 1 or without the fused kernels).
+        holding this many users (rank_cached_batch; nothing more when 1).
         """
         unknown = set(graphs) - set(GRAPH_KINDS)
         if unknown:
@@ -410,22 +410,6 @@ class RelayGRModel:
         self.net.assemble_weights()
 
     # ------------------------------------------------------------------ internals
-    def _resolve_fused(self) -> bool:
-        """model.fused_kernels: null = on for CPU when the kernels build; true = required; false = reference."""
-        mode = self.cfg.fused_kernels
-        if mode is False or (mode is None and self.config.context.device_target != "CPU"):
-            return False
-        from mindspore_relaygr.model.kernels import load_fused_ops
-
-        ops = load_fused_ops()
-        if ops is None:
-            if mode:
-                raise RuntimeError("model.fused_kernels=true but the fused CPU kernels could not be built")
-            return False
-        self.net.enable_fused(ops)
-        self.pool.enable_fused(ops)
-        return True
-
     def _call(self, kind: str, *arrays: np.ndarray) -> np.ndarray:
         t0 = time.perf_counter()
         out = self._graphs[kind](*(self._tensor(a) for a in arrays)).asnumpy()
@@ -454,7 +438,7 @@ class RelayGRModel:
                 tokens.times[:, 1].copy(), tokens.valid)
 
     def _past_args(self, slot: int, num_tokens: int, bucket: int) -> tuple[np.ndarray, ...]:
-        if self.net.rab.reads_views(self.fused):  # the graphs read the slot in place: they need only its views
+        if self.backend.reads_views:  # the graphs read the slot in place: they need only its views
             kv, time_ids = self.layout.read_views(slot), self.layout.read_time_ids(slot, bucket)
         else:
             kv, time_ids = self.layout.read_ids(slot, bucket)

@@ -54,7 +54,8 @@ def test_bench_model(tmp_path, capsys):
         assert row["matmul_gflops_near"] == max(probes[i], probes[i + 1])
         assert row["near_share"] == pytest.approx(row["gflops"] / row["matmul_gflops_near"])
         assert row["near_share"] >= row["matmul_share"]
-    assert report["fused_kernels"]  # CPU with the kernels built: each path also ran under the kernel profile
+    # CPU with the kernels built: each path also ran under the kernel profile
+    assert report["backend"] == "fused_cpu" and report["fused_kernels"]
     for row in report["results"]:
         assert row["gemm_gflops"] > 0 and row["gemm_flops_share"] > 0
         assert row["gemm_time_share"] > 0 and row["elementwise_time_share"] > 0

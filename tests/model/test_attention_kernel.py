@@ -19,7 +19,7 @@ def attention_op(tiny_config_path):
 
     configure_context(load_config(tiny_config_path).context)  # before any op: later models set it otherwise
     ops = load_fused_ops()
-    if ops is None or ops.attention is None:
+    if ops is None:
         pytest.fail("the fused attention kernel should build here (g++ and MindSpore's oneDNN are present)")
     return ops.attention
 

@@ -14,12 +14,12 @@ def test_fused_kernels_match_reference_ops(tiny_model, tiny_config_path, tmp_pat
     from mindspore_relaygr import load_config
     from mindspore_relaygr.model import RelayGRModel
 
-    assert tiny_model.fused, "the fused kernels should build on this CPU machine (g++ is required)"
+    assert tiny_model.backend.name == "fused_cpu", "the fused kernels should build on this CPU (g++ is required)"
     path = tmp_path / "w.ckpt"
     tiny_model.save_checkpoint(path)
     reference = RelayGRModel(load_config(tiny_config_path, ["model.fused_kernels=false", "cache.num_slots=1"]))
     reference.load_checkpoint(path)
-    assert not reference.fused
+    assert reference.backend.name == "plain"
     rng = np.random.default_rng(11)
     for n in (1, 23, 77, 127):
         hist = random_history(rng, n, user_features=[2, 1])
@@ -52,7 +52,7 @@ def test_fused_ranking_with_a_multi_block_suffix_matches_reference(tiny_config_p
     small_blocks = ["model.attention_block_len=8", "cache.num_slots=1"]
     fused = RelayGRModel(load_config(tiny_config_path, small_blocks))
     randomize_weights(fused, seed=5)
-    assert fused.fused and fused.net.rab.fused_attention_op is not None
+    assert fused.backend.name == "fused_cpu" and fused.backend.reads_views
     path = tmp_path / "w.ckpt"
     fused.save_checkpoint(path)
     reference = RelayGRModel(load_config(tiny_config_path, small_blocks + ["model.fused_kernels=false"]))

@@ -2,7 +2,7 @@
 
 test_exactness.py checks the paths against each other (cached == full), so a mistake they share (a bucket, a
 mask, the token layout) passes there; here each path is checked against the design's math, on both backends
-(fused CPU kernels and reference MindSpore ops) and on the training forward.
+(fused_cpu: the fused CPU kernels; plain: MindSpore ops) and on the training forward.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ pytestmark = pytest.mark.slow
 
 # Tolerance on logits. The model runs in fp32 (relative rounding ~6e-8 per op), the oracle in float64: over the
 # tiny config's 2 layers (LayerNorms, SiLUs, sums of up to 128 attention terms) and the engage logit's 1 /
-# temperature = 20x, the largest |model - oracle| measured on the paths below is 8.0e-6 (reference ops, chunked
+# temperature = 20x, the largest |model - oracle| measured on the paths below is 8.0e-6 (plain ops, chunked
 # prefill, 30 candidates; fused kernels 5.0e-6; training forward 2.6e-6, its final states 5.4e-6) on logits
 # of spread ~1-3 (O(1) weights from randomize_weights). 3e-5 is ~4x that, while one relative-bias bucket off
 # moves logits by ~0.5 (test_a_one_bucket_error_is_far_above_the_tolerance): four orders of magnitude above it.
 ATOL = 3e-5
-BACKENDS = ("fused", "reference")
+BACKENDS = ("fused_cpu", "plain")
 USER = [1, 3]
 SUFFIX = 6  # short-term events ranked on top of a cached prefix (suffix bucket 8)
 
@@ -37,10 +37,10 @@ def build_model(backend: str):
     """A tiny RelayGRModel on the given backend with large random weights (the one place a backend is chosen)."""
     from mindspore_relaygr.model import RelayGRModel
 
-    cfg = load_config(CONFIGS / "tiny.yaml", [f"model.fused_kernels={str(backend == 'fused').lower()}",
+    cfg = load_config(CONFIGS / "tiny.yaml", [f"model.fused_kernels={str(backend == 'fused_cpu').lower()}",
                                               "cache.num_slots=2"])
     model = RelayGRModel(cfg)
-    assert model.fused == (backend == "fused"), f"backend {backend!r} not built (are the CPU kernels buildable?)"
+    assert model.backend.name == backend, f"backend {backend!r} not built (are the CPU kernels buildable?)"
     randomize_weights(model, seed=1)
     return model
 
@@ -125,7 +125,7 @@ def test_a_prefix_extended_from_a_later_start(model, oracle):
 
 
 def test_the_training_forward_matches(model, oracle):
-    """BatchForward (reference ops on the per-head weights, whatever the backend) on a batch of two requests
+    """BatchForward (plain ops on the per-head weights, whatever the model's backend) on a batch of two requests
     laid out as rank_full lays them out: every history token's final state and the candidates' logits."""
     from mindspore import Tensor
 

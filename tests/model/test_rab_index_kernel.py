@@ -35,7 +35,7 @@ def _metadata(rng, n):
 def _run(op, rab, q, k, *extra):
     from mindspore import Tensor
 
-    args = [*q[:3], *k, rab.pos_lut.asnumpy(), rab.fused_thresholds.asnumpy(), rab.fused_params.asnumpy(), *extra]
+    args = [*q[:3], *k, rab.pos_lut.asnumpy(), rab.kernel_thresholds.asnumpy(), rab.kernel_params.asnumpy(), *extra]
     return op(*(Tensor(a) for a in args)).asnumpy()
 
 
