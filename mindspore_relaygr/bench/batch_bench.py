@@ -41,10 +41,12 @@ def closed_loop(rank: Callable[[int], str], clients: int, seconds: float) -> dic
     latencies: list[float] = []
     tiers: Counter[str] = Counter()
     lock = threading.Lock()
-    stop_at = time.perf_counter() + seconds
+    go = threading.Event()  # the window opens once every client thread runs
+    stop_at = 0.0
 
     def client(i: int) -> None:
         k = i
+        go.wait()
         while time.perf_counter() < stop_at:
             t0 = time.perf_counter()
             tier = rank(k)
@@ -54,10 +56,12 @@ def closed_loop(rank: Callable[[int], str], clients: int, seconds: float) -> dic
                 tiers[tier] += 1
             k += clients
 
-    t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
+    t0 = time.perf_counter()
+    stop_at = t0 + seconds
+    go.set()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0

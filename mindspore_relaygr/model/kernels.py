@@ -131,7 +131,6 @@ class FusedOps:
     # (the rab_index inputs, window [2] i64 = (q0, k0), rows [B], cols [K]) -> [B, K] for queries [q0, q0 + B) and
     # keys [k0, k0 + K) of the arrays (rows and cols only give the shape)
     rab_index_window: Any
-    bias_silu: Any  # (scores [H, B, K], idx [B or 1, K], table [H, T]) -> SiLU(scores + bias) [H, B, K]
     # (q, q_at, then key segments (k, k_at, v, v_at, idx [B or 1, K]), table [H, T], scales [2], like [B, H*dv])
     # -> [B, H*dv], summed over the segments
     attention: Any
@@ -197,8 +196,6 @@ def _build_fused_ops() -> FusedOps:
                              out_dtype=mstype.int32, func_type="aot"),
         rab_index_window=ops.Custom(f"{lib}:RabIndexWindow", out_shape=lambda *shapes: (shapes[-2][0], shapes[-1][0]),
                                     out_dtype=mstype.int32, func_type="aot"),
-        bias_silu=ops.Custom(f"{lib}:BiasSilu", out_shape=lambda s, i, t: s, out_dtype=lambda s, i, t: s,
-                             func_type="aot"),
         # Output [B, h * dv] takes the shape of its last input (`like`, see backend.FusedCpuOps.attention).
         attention=ops.Custom(f"{lib}:PointwiseAttention", out_shape=lambda *shapes: shapes[-1],
                              out_dtype=lambda *types: types[0], func_type="aot"),

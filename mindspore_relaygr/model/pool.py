@@ -180,9 +180,6 @@ class KVPool(nn.Cell):
                                  name="kv_pool_time_hi", requires_grad=False)
         self.time_lo = Parameter(initializer("zeros", (layout.time_rows,), mstype.float32),
                                  name="kv_pool_time_lo", requires_grad=False)
-        # (head stride, row stride, width) in elements of a slot's K and V views, after their offset
-        self.key_view_tail = Tensor(np.array([layout.slot_len * layout.d_qk, layout.d_qk, layout.d_qk], np.int64))
-        self.value_view_tail = Tensor(np.array([layout.slot_len * layout.d_v, layout.d_v, layout.d_v], np.int64))
 
     def read(self, kv_ids: Tensor, time_ids: Tensor) -> tuple[tuple, tuple, Tensor, Tensor]:
         """-> (K [H, P, d_qk] per layer), (V [H, P, d_v] per layer), time hi [P], time lo [P].

@@ -1,4 +1,4 @@
-"""The fused dense kernels (ProjectSilu, FinishRows, BiasSilu) against numpy, at row counts around the tile split
+"""The fused dense kernels (ProjectSilu, FinishRows) against numpy, at row counts around the tile split
 and widths around the 16-lane vector step."""
 
 from __future__ import annotations
@@ -86,21 +86,6 @@ def test_silu_is_accurate_over_the_whole_input_range(fused_ops, width):
     got = np.stack([_run(fused_ops.project_silu, x, w, row)[0] for row in z])
     np.testing.assert_allclose(got, _silu64(z), rtol=2e-6, atol=1e-30)
     assert np.all(np.isfinite(got))
-
-
-@pytest.mark.parametrize("cols", [5, 16, 33])
-def test_bias_silu_matches_numpy(fused_ops, cols):
-    rng = np.random.default_rng(cols)
-    heads, rows, table_cols = 2, 3, 9
-    scores = rng.normal(0, 4, (heads, rows, cols)).astype(np.float32)
-    table = rng.normal(0, 1, (heads, table_cols)).astype(np.float32)
-    for idx_rows in (rows, 1):  # an index row per query, and one row shared by all (candidates)
-        idx = rng.integers(0, table_cols, (idx_rows, cols)).astype(np.int32)  # column table_cols - 1 = masked
-        got = _run(fused_ops.bias_silu, scores, idx, table)
-        full_idx = np.broadcast_to(idx, (rows, cols))
-        want = np.where(full_idx == table_cols - 1, 0.0, _silu64(scores + table[:, full_idx]))
-        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
-        assert np.all(got[:, full_idx == table_cols - 1] == 0.0)
 
 
 def test_shape_mismatch_is_refused(fused_ops):
