@@ -10,6 +10,8 @@ A bundle directory holds:
     events.json     the event column, its types in action-id order, the label rule of the second task
     prefix_p{P}.mindir                 prefix tokens -> per-layer K [L, h, P, dqk], V [L, h, P, dv]
     candidate_p{P}_s{S}_m{M}.mindir    K, V, past meta, suffix tokens, candidates -> logits [M, tasks]
+    candidate_b{B}_p{P}_s{S}_m{M}.mindir   the same for B users at once -> logits [B, M, tasks] (batch buckets
+                                       > 1 up to the one holding relay.max_rank_batch; none when it is 1)
     manifest.json   format, model version, and the sha256 and size of every file above
 
 The model version is `<name>-<first 12 hex digits of the checkpoint's sha256>` (name: `bundle_name` of the
@@ -140,11 +142,13 @@ def model_version(name: str, checkpoint: str | Path) -> str:
 # ---------------------------------------------------------------- pure-function graphs
 
 
-def graph_cells(net: Any) -> tuple[Any, Any]:
-    """(prefix cell, candidate cell) over `net` (an HSTUNet), on the plain backend (MindSpore ops), no pool."""
+def graph_cells(net: Any) -> tuple[Any, Any, Any]:
+    """(prefix cell, candidate cell, batched candidate cell) over `net` (an HSTUNet), on the plain backend
+    (MindSpore ops), no pool."""
     from mindspore import nn, ops
 
     from mindspore_relaygr.model.backend import PlainOps
+    from mindspore_relaygr.model.batched import heads_batched_logits
     from mindspore_relaygr.model.hstu import take
 
     backend = PlainOps()  # MindIR runs anywhere MindSpore does: no custom kernels
@@ -183,7 +187,29 @@ def graph_cells(net: Any) -> tuple[Any, Any]:
                                                  self.backend, last)
             return self.net.logits(user, hidden, cand_ids)
 
-    return PrefixKV(), CandidateLogits()
+    class BatchedCandidateLogits(nn.Cell):
+        """The candidate graph for B users at once: K [B, L, h, P, dqk], V [B, L, h, P, dv] and every other input
+        of CandidateLogits with a leading B axis (cand_pos, cand_hi, cand_lo and last: [B]) -> logits [B, M, tasks],
+        each user's equal to its own CandidateLogits call."""
+
+        def __init__(self) -> None:
+            super().__init__(auto_prefix=False)  # leave the net's parameter names (checkpoint keys) alone
+            self.net, self.backend = net, backend
+            self.num_layers = len(net.layers)
+
+        def construct(self, keys, values, past_pos, past_hi, past_lo, past_valid, item_ids, action_ids, pos, hi,
+                      lo, valid, cand_ids, cand_pos, cand_hi, cand_lo, last):
+            pasts = []
+            for i in range(item_ids.shape[0]):
+                user_k = ops.squeeze(take(keys, i, i + 1), 0)
+                user_v = ops.squeeze(take(values, i, i + 1), 0)
+                pasts.append((tuple(ops.squeeze(take(user_k, j, j + 1), 0) for j in range(self.num_layers)),
+                              tuple(ops.squeeze(take(user_v, j, j + 1), 0) for j in range(self.num_layers)),
+                              past_hi[i], past_lo[i]))
+            return heads_batched_logits(self.net, self.backend, (item_ids, action_ids, pos, hi, lo, valid), pasts,
+                                        (past_pos, past_valid), (cand_ids, cand_pos, cand_hi, cand_lo), last)
+
+    return PrefixKV(), CandidateLogits(), BatchedCandidateLogits()
 
 
 def _spec(shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
@@ -206,6 +232,22 @@ def candidate_input_specs(config: RelayGRConfig, past: int, suffix: int, cands: 
     return [{"name": n, **_spec(s, d)} for n, s, d in zip(CANDIDATE_INPUTS, shapes, dtypes, strict=True)]
 
 
+def batched_candidate_input_specs(config: RelayGRConfig, users: int, past: int, suffix: int, cands: int
+                                  ) -> list[dict[str, Any]]:
+    """`candidate_input_specs` of B = `users` users: a leading B axis; the candidates' shared position, times
+    and the user-state row become one per user ([B])."""
+    specs = candidate_input_specs(config, past, suffix, cands)
+    per_user = {"cand_pos", "cand_hi", "cand_lo", "last"}
+    return [{**spec, "shape": [users] if spec["name"] in per_user else [users, *spec["shape"]]} for spec in specs]
+
+
+def export_batch_buckets(config: RelayGRConfig) -> list[int]:
+    """The batch buckets (> 1) a bundle exports: up to the one holding relay.max_rank_batch users."""
+    buckets = config.model.batch_buckets
+    top = next((b for b in buckets if b >= config.relay.max_rank_batch), buckets[-1])
+    return [b for b in buckets if 1 < b <= top]
+
+
 def mindir_plan(config: RelayGRConfig, all_buckets: bool = False) -> dict[str, dict[str, Any]]:
     """File stem -> {graph, inputs}: the MindIR files a bundle holds."""
     m = config.model
@@ -218,6 +260,9 @@ def mindir_plan(config: RelayGRConfig, all_buckets: bool = False) -> dict[str, d
             for c in cand_buckets:
                 plan[f"candidate_p{p}_s{s}_m{c}"] = {"graph": "candidate",
                                                      "inputs": candidate_input_specs(config, p, s, c)}
+                for b in export_batch_buckets(config):
+                    plan[f"candidate_b{b}_p{p}_s{s}_m{c}"] = {
+                        "graph": "candidate_batch", "inputs": batched_candidate_input_specs(config, b, p, s, c)}
     return plan
 
 
@@ -232,13 +277,13 @@ def export_mindir(model: Any, config: RelayGRConfig, out_dir: str | Path, all_bu
     """Write the MindIR files of `mindir_plan` into `out_dir`; returns file name -> {graph, inputs, outputs}."""
     import mindspore as ms
 
-    prefix_cell, candidate_cell = graph_cells(model.net)
-    prefix_cell.set_train(False)
-    candidate_cell.set_train(False)
+    cells = dict(zip(("prefix", "candidate", "candidate_batch"), graph_cells(model.net), strict=True))
+    for cell in cells.values():
+        cell.set_train(False)
     files = {}
     for stem, entry in mindir_plan(config, all_buckets).items():
         t0 = time.perf_counter()
-        cell = prefix_cell if entry["graph"] == "prefix" else candidate_cell
+        cell = cells[entry["graph"]]
         ms.export(cell, *(_zeros(s) for s in entry["inputs"]), file_name=str(Path(out_dir) / stem),
                   file_format="MINDIR")
         outputs = ["keys", "values"] if entry["graph"] == "prefix" else ["logits"]
@@ -369,21 +414,60 @@ def load_vocabulary(path: str | Path) -> Vocabulary:
 # ---------------------------------------------------------------- MindIR load check
 
 
-def _pick_candidate_graph(manifest: dict[str, Any], past: int, suffix: int, cands: int) -> tuple[str, int, int]:
-    """(file, suffix bucket, candidate bucket) of the smallest bundled candidate graph that fits."""
+def _pick_candidate_graph(manifest: dict[str, Any], past: int, suffix: int, cands: int, users: int | None = None
+                          ) -> tuple[str, int, int, int]:
+    """(file, users bucket, suffix bucket, candidate bucket) of the smallest bundled candidate graph that fits:
+    the single-user graph (users None), or a batched one (`candidate_batch`) for that many users."""
+    graph = "candidate" if users is None else "candidate_batch"
     fits = []
     for name, entry in manifest["mindir"].items():
-        if entry["graph"] != "candidate":
+        if entry["graph"] != graph:
             continue
         shapes = {spec["name"]: spec["shape"] for spec in entry["inputs"]}
-        s, m = shapes["item_ids"][0], shapes["cand_ids"][0]
-        if shapes["past_pos"][0] == past and s >= suffix and m >= cands:
-            fits.append((s, m, name))
+        b = 1 if users is None else shapes["item_ids"][0]
+        s, m = shapes["item_ids"][-1], shapes["cand_ids"][-1]
+        if shapes["past_pos"][-1] == past and b >= (users or 1) and s >= suffix and m >= cands:
+            fits.append((b, s, m, name))
     if not fits:
-        raise BundleError(f"no bundled candidate graph takes a prefix of {past} tokens, {suffix} suffix events "
-                          f"and {cands} candidates")
-    s, m, name = min(fits)
-    return name, s, m
+        raise BundleError(f"no bundled {graph} graph takes {users or 1} user(s) with a prefix of {past} tokens, "
+                          f"{suffix} suffix events and {cands} candidates")
+    b, s, m, name = min(fits)
+    return name, b, s, m
+
+
+def _mindir_request(config: RelayGRConfig, history: Any, candidate_ids: Any, prefix_len: int) -> Any:
+    """One request split for the MindIR graphs: (history, candidates, prefix length, prefix tokens, past bucket)."""
+    from mindspore_relaygr.model.inputs import bucket_for, validate_candidates, validate_history
+
+    cfg = config.model
+    hist, cands = validate_history(cfg, history), validate_candidates(cfg, candidate_ids)
+    prefix_len = min(prefix_len, len(hist) - 1)
+    prefix_tok = prefix_len + (1 if cfg.has_user_token else 0)
+    past = bucket_for(prefix_tok, [b for b in cfg.len_buckets if b <= config.cache.max_prefix_len], "prefix_len")
+    return hist, cands, prefix_len, prefix_tok, past
+
+
+def _mindir_inputs(root: Path, config: RelayGRConfig, request: Any, past: int, suffix_bucket: int,
+                   cand_bucket: int) -> tuple[np.ndarray, ...]:
+    """The candidate graph's inputs of one request (CANDIDATE_INPUTS order), its K/V from the prefix graph."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    from mindspore_relaygr.train.feeds import candidate_inputs, last_time, prefix_inputs, suffix_inputs
+
+    cfg = config.model
+    hist, cands, prefix_len, prefix_tok, _ = request
+    prefix, suffix = hist.slice(0, prefix_len), hist.slice(prefix_len)
+    prefix_cell = nn.GraphCell(ms.load(str(root / f"prefix_p{past}.mindir")))
+    keys, values = prefix_cell(*(Tensor(a) for a in prefix_inputs(cfg, hist, past, prefix_len)))
+    past_meta, suffix_arrays = suffix_inputs(cfg, hist, prefix_len, past, suffix_bucket)
+    cand = candidate_inputs(cfg, cands, prefix_tok + len(suffix), last_time(suffix, last_time(prefix)), cand_bucket)
+    return (keys.asnumpy(), values.asnumpy(), *past_meta, *suffix_arrays, *cand,
+            np.array([len(suffix) - 1], np.int32))
+
+
+def _probabilities(logits: np.ndarray) -> np.ndarray:
+    return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
 
 
 def mindir_scores(bundle_dir: str | Path, config: RelayGRConfig, history: Any, candidate_ids: Any,
@@ -394,25 +478,38 @@ def mindir_scores(bundle_dir: str | Path, config: RelayGRConfig, history: Any, c
     import mindspore as ms
     from mindspore import Tensor, nn
 
-    from mindspore_relaygr.model.inputs import bucket_for, validate_candidates, validate_history
-    from mindspore_relaygr.train.feeds import candidate_inputs, last_time, prefix_inputs, suffix_inputs
-
-    root, cfg = Path(bundle_dir), config.model
+    root = Path(bundle_dir)
     manifest = verify_bundle(root)
-    hist, cands = validate_history(cfg, history), validate_candidates(cfg, candidate_ids)
-    prefix_len = min(prefix_len, len(hist) - 1)
-    prefix, suffix = hist.slice(0, prefix_len), hist.slice(prefix_len)
-    prefix_tok = prefix_len + (1 if cfg.has_user_token else 0)
-    past = bucket_for(prefix_tok, [b for b in cfg.len_buckets if b <= config.cache.max_prefix_len], "prefix_len")
-    name, suffix_bucket, cand_bucket = _pick_candidate_graph(manifest, past, len(suffix), len(cands))
-    prefix_cell = nn.GraphCell(ms.load(str(root / f"prefix_p{past}.mindir")))
-    keys, values = prefix_cell(*(Tensor(a) for a in prefix_inputs(cfg, hist, past, prefix_len)))
-    past_meta, suffix_arrays = suffix_inputs(cfg, hist, prefix_len, past, suffix_bucket)
-    cand = candidate_inputs(cfg, cands, prefix_tok + len(suffix), last_time(suffix, last_time(prefix)), cand_bucket)
-    candidate_cell = nn.GraphCell(ms.load(str(root / name)))
-    last = np.array([len(suffix) - 1], np.int32)
-    logits = candidate_cell(keys, values, *(Tensor(a) for a in (*past_meta, *suffix_arrays, *cand, last))).asnumpy()
-    return (1.0 / (1.0 + np.exp(-logits[: len(cands)]))).astype(np.float32)
+    request = _mindir_request(config, history, candidate_ids, prefix_len)
+    hist, cands, prefix_len, _, past = request
+    name, _, suffix_bucket, cand_bucket = _pick_candidate_graph(manifest, past, len(hist) - prefix_len, len(cands))
+    inputs = _mindir_inputs(root, config, request, past, suffix_bucket, cand_bucket)
+    logits = nn.GraphCell(ms.load(str(root / name)))(*(Tensor(a) for a in inputs)).asnumpy()
+    return _probabilities(logits[: len(cands)])
+
+
+def mindir_batch_scores(bundle_dir: str | Path, config: RelayGRConfig, requests: list[tuple[Any, Any, int]]
+                        ) -> list[np.ndarray]:
+    """Probabilities [M_i, tasks] of several requests (history, candidate_ids, prefix_len) through one call of a
+    bundled batched candidate graph (each user's K/V from the prefix graph), padded to the largest past, suffix
+    and candidate buckets among them and to the graph's batch bucket (a copy of the first request)."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    root = Path(bundle_dir)
+    manifest = verify_bundle(root)
+    prepared = [_mindir_request(config, *request) for request in requests]
+    past = max(r[4] for r in prepared)
+    suffix = max(len(r[0]) - r[2] for r in prepared)
+    name, users, suffix_bucket, cand_bucket = _pick_candidate_graph(manifest, past, suffix,
+                                                                    max(len(r[1]) for r in prepared), len(prepared))
+    rows = [_mindir_inputs(root, config, r, past, suffix_bucket, cand_bucket) for r in prepared]
+    rows += [rows[0]] * (users - len(rows))
+    arrays = [np.stack(column) for column in zip(*rows, strict=True)]
+    per_user = {i for i, n in enumerate(CANDIDATE_INPUTS) if n in ("cand_pos", "cand_hi", "cand_lo", "last")}
+    arrays = [a[:, 0] if i in per_user else a for i, a in enumerate(arrays)]
+    logits = nn.GraphCell(ms.load(str(root / name)))(*(Tensor(a) for a in arrays)).asnumpy()
+    return [_probabilities(logits[i, : len(r[1])]) for i, r in enumerate(prepared)]
 
 
 def check_mindir(bundle_dir: str | Path, model: Any, history: Any, candidate_ids: Any, suffix_len: int = 8) -> float:
@@ -423,3 +520,17 @@ def check_mindir(bundle_dir: str | Path, model: Any, history: Any, candidate_ids
     prefix_len = max(1, num_events - min(suffix_len, model.cfg.max_suffix_len))
     scores = mindir_scores(bundle_dir, model.config, history, candidate_ids, prefix_len)
     return float(np.abs(scores - model.rank_full(history, candidate_ids)).max())
+
+
+def check_mindir_batch(bundle_dir: str | Path, model: Any, requests: list[tuple[Any, Any]], suffix_len: int = 8
+                       ) -> float:
+    """Max |batched MindIR scores - model.rank_full scores| over several requests (history, candidate_ids) ranked
+    in one call of a bundled batched candidate graph."""
+    from mindspore_relaygr.model.inputs import validate_history
+
+    split = []
+    for history, candidate_ids in requests:
+        num_events = len(validate_history(model.cfg, history))
+        split.append((history, candidate_ids, max(1, num_events - min(suffix_len, model.cfg.max_suffix_len))))
+    scores = mindir_batch_scores(bundle_dir, model.config, split)
+    return max(float(np.abs(s - model.rank_full(h, c)).max()) for s, (h, c) in zip(scores, requests, strict=True))

@@ -16,6 +16,8 @@ from mindspore_relaygr.export import (
     MANIFEST_FILE,
     Vocabulary,
     check_mindir,
+    check_mindir_batch,
+    export_batch_buckets,
     export_bundle,
     load_bundle,
     load_vocabulary,
@@ -94,6 +96,29 @@ def test_mindir_graphs_reproduce_the_cell(model_and_bundle, n, suffix, m):
     rng = np.random.default_rng(n)
     hist = random_history(rng, n, user_features=USER)
     assert check_mindir(out, model, hist, rng.integers(1, 201, m), suffix_len=suffix) <= 1e-5
+
+
+def test_a_bundle_exports_batched_candidate_graphs_up_to_max_rank_batch(tmp_path):
+    """relay.max_rank_batch 2: one batched graph per prefix bucket, whose users each score as rank_full; more users
+    than the exported batch bucket are refused naming what is missing. max_rank_batch 1 exports none."""
+    from mindspore_relaygr.model.ranker import RelayGRModel
+    from tests.model.conftest import randomize_weights
+
+    assert export_batch_buckets(load_config(CONFIGS / "tiny.yaml")) == []
+    cfg = load_config(CONFIGS / "tiny.yaml", ["relay.max_rank_batch=2", "model.len_buckets=[64, 128]"])
+    assert export_batch_buckets(cfg) == [2]
+    model = RelayGRModel(cfg)
+    randomize_weights(model, seed=6)
+    out = export_bundle(model, cfg, VOCAB, tmp_path / "bundle", name="tiny")
+    batched = sorted(n for n, e in verify_bundle(out)["mindir"].items() if e["graph"] == "candidate_batch")
+    assert batched == ["candidate_b2_p128_s16_m32.mindir", "candidate_b2_p64_s16_m32.mindir"]
+    rng = np.random.default_rng(11)
+    requests = [(random_history(rng, 40, user_features=USER), rng.integers(1, 201, 12)),
+                (random_history(rng, 100, user_features=USER), rng.integers(1, 201, 30))]
+    assert check_mindir_batch(out, model, requests, suffix_len=5) <= 1e-5  # past buckets 64 and 128: padded
+    assert check_mindir_batch(out, model, requests[:1], suffix_len=0) <= 1e-5  # one user, padded to the bucket
+    with pytest.raises(BundleError, match="no bundled candidate_batch graph takes 3 user"):
+        check_mindir_batch(out, model, requests + requests[:1])
 
 
 def _copy(out, tmp_path):

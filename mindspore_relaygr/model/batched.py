@@ -159,56 +159,73 @@ class PlainBatchedCandidateGraph(nn.Cell):
             raise ValueError(f"this batched ranking graph needs a backend that does not read views, not "
                              f"{backend.name!r}")
         self.net, self.pool, self.backend = net, pool, backend
-        self.num_layers = len(net.layers)
 
     def construct(self, item_ids, action_ids, pos, hi, lo, valid, past_kv_ids, past_time_ids, past_pos, past_valid,
                   cand_ids, cand_pos, cand_hi, cand_lo, last):
-        net, rab, backend = self.net, self.net.rab, self.backend
-        b, s = item_ids.shape
-        m = cand_ids.shape[1]
-        x = net.embed(_flat(item_ids), _flat(action_ids), _flat(pos))  # [B S, d]
-        cand = ops.gather(net.item_table, _flat(cand_ids), 0) + take(net.action_table, net.candidate_action,
-                                                                     net.candidate_action + 1)
-        cand = ops.reshape(ops.reshape(cand, (b, m, -1)) + ops.expand_dims(net.embed_positions(cand_pos), 1),
-                           (b * m, -1))
-        metas, pasts, cand_metas, biases = [], [], [], []
+        pasts = []
+        for i in range(item_ids.shape[0]):
+            pasts.append(self.pool.read(past_kv_ids[i], past_time_ids[i]))  # (K per layer, V per layer, hi, lo)
+        return heads_batched_logits(self.net, self.backend, (item_ids, action_ids, pos, hi, lo, valid), pasts,
+                                    (past_pos, past_valid), (cand_ids, cand_pos, cand_hi, cand_lo), last)
+
+
+def heads_batched_logits(net: HSTUNet, backend: Backend, tokens: tuple, pasts: list, past_rows: tuple,
+                         candidates: tuple, last):
+    """Candidate logits [B, M, tasks] of B users on head-major tensors (PlainOps): tokens = (item_ids, action_ids,
+    pos, hi, lo, valid) [B, S]; pasts = per user (K per layer [h, P, dqk], V per layer [h, P, dv], hi [P], lo [P]);
+    past_rows = (past_pos, past_valid) [B, P]; candidates = (cand_ids [B, M], cand_pos, cand_hi, cand_lo [B]);
+    last [B]. Each layer's projections of all users' tokens and of all their candidates are one matmul each;
+    attention runs per user over its own past and keys. Shared by the pool graph above and the exported
+    batched MindIR graph, which takes K/V as inputs."""
+    item_ids, action_ids, pos, hi, lo, valid = tokens
+    past_pos, past_valid = past_rows
+    cand_ids, cand_pos, cand_hi, cand_lo = candidates
+    rab = net.rab
+    b, s = item_ids.shape
+    m = cand_ids.shape[1]
+    x = net.embed(_flat(item_ids), _flat(action_ids), _flat(pos))  # [B S, d]
+    cand = ops.gather(net.item_table, _flat(cand_ids), 0) + take(net.action_table, net.candidate_action,
+                                                                 net.candidate_action + 1)
+    cand = ops.reshape(ops.reshape(cand, (b, m, -1)) + ops.expand_dims(net.embed_positions(cand_pos), 1),
+                       (b * m, -1))
+    metas, user_kv, cand_metas, biases = [], [], [], []
+    for i in range(b):
+        meta = (pos[i], hi[i], lo[i], valid[i])
+        keys, values, p_hi, p_lo = pasts[i]
+        past_meta = (past_pos[i], p_hi, p_lo, past_valid[i])
+        cand_meta = (cand_pos[i:i + 1], cand_hi[i:i + 1], cand_lo[i:i + 1])
+        metas.append(meta)
+        user_kv.append((keys, values))
+        cand_metas.append(cand_meta)
+        # Bias values, built once per user and read by every layer (as HSTUNet._encode_heads).
+        biases.append(((backend.prepare(rab, meta[:3], meta), backend.prepare(rab, meta[:3], past_meta)),
+                       (backend.prepare(rab, cand_meta, meta), backend.prepare(rab, cand_meta, past_meta)),
+                       past_meta))
+    self_bias = ops.transpose(rab.self_bias(), (1, 0))  # [1, h]
+    final = len(net.layers) - 1
+    user = None
+    for layer_id, layer in enumerate(net.layers):
+        # one matmul for every user's tokens, one for candidates
+        y, yc = backend.project(layer, x), backend.project(layer, cand)
+        k, v = layer.heads(y, "k"), layer.heads(y, "v")  # [h, B S, d]
+        q, qc = layer.heads(y, "q") * layer.q_scale, layer.heads(yc, "q") * layer.q_scale
+        av, av_c, users = (), (), ()
         for i in range(b):
-            meta = (pos[i], hi[i], lo[i], valid[i])
-            keys, values, p_hi, p_lo = self.pool.read(past_kv_ids[i], past_time_ids[i])
-            past_meta = (past_pos[i], p_hi, p_lo, past_valid[i])
-            cand_meta = (cand_pos[i:i + 1], cand_hi[i:i + 1], cand_lo[i:i + 1])
-            metas.append(meta)
-            pasts.append((keys, values))
-            cand_metas.append(cand_meta)
-            # Bias values, built once per user and read by every layer (as HSTUNet._encode_heads).
-            biases.append(((backend.prepare(rab, meta[:3], meta), backend.prepare(rab, meta[:3], past_meta)),
-                           (backend.prepare(rab, cand_meta, meta), backend.prepare(rab, cand_meta, past_meta)),
-                           past_meta))
-        self_bias = ops.transpose(rab.self_bias(), (1, 0))  # [1, h]
-        final = self.num_layers - 1
-        user = None
-        for layer_id, layer in enumerate(net.layers):
-            # one matmul for every user's tokens, one for candidates
-            y, yc = backend.project(layer, x), backend.project(layer, cand)
-            k, v = layer.heads(y, "k"), layer.heads(y, "v")  # [h, B S, d]
-            q, qc = layer.heads(y, "q") * layer.q_scale, layer.heads(yc, "q") * layer.q_scale
-            av, av_c, users = (), (), ()
-            for i in range(b):
-                new_kv = (take(k, i * s, i * s + s, 1), None, take(v, i * s, i * s + s, 1), None)
-                keys, values = pasts[i]
-                past_kv = (keys[layer_id], None, values[layer_id], None)
-                token_bias, cand_bias, past_meta = biases[i]
-                av_c += (net._attend(backend, (take(qc, i * m, i * m + m, 1), None), new_kv, past_kv, cand_bias),)
-                if layer_id < final:
-                    av += (net._attend(backend, (take(q, i * s, i * s + s, 1), None), new_kv, past_kv, token_bias),)
-                else:
-                    past = (None, *past_meta)
-                    users += (net._user_row(layer, take(x, i * s, i * s + s), metas[i], past, new_kv, past_kv,
-                                            backend, last[i:i + 1]),)
-            av_c = ops.concat(av_c) + layer.self_attention(yc, self_bias, net.inv_norm)
-            cand = backend.finish(layer, cand, av_c, layer.part(yc, "u"))
+            new_kv = (take(k, i * s, i * s + s, 1), None, take(v, i * s, i * s + s, 1), None)
+            keys, values = user_kv[i]
+            past_kv = (keys[layer_id], None, values[layer_id], None)
+            token_bias, cand_bias, past_meta = biases[i]
+            av_c += (net._attend(backend, (take(qc, i * m, i * m + m, 1), None), new_kv, past_kv, cand_bias),)
             if layer_id < final:
-                x = backend.finish(layer, x, ops.concat(av), layer.part(y, "u"))
+                av += (net._attend(backend, (take(q, i * s, i * s + s, 1), None), new_kv, past_kv, token_bias),)
             else:
-                user = ops.concat(users)
-        return _batched_logits(net, user, cand, cand_ids)
+                past = (None, *past_meta)
+                users += (net._user_row(layer, take(x, i * s, i * s + s), metas[i], past, new_kv, past_kv,
+                                        backend, last[i:i + 1]),)
+        av_c = ops.concat(av_c) + layer.self_attention(yc, self_bias, net.inv_norm)
+        cand = backend.finish(layer, cand, av_c, layer.part(yc, "u"))
+        if layer_id < final:
+            x = backend.finish(layer, x, ops.concat(av), layer.part(y, "u"))
+        else:
+            user = ops.concat(users)
+    return _batched_logits(net, user, cand, cand_ids)

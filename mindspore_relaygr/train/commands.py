@@ -170,7 +170,15 @@ def cmd_average(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from mindspore_relaygr.export import Vocabulary, bundle_name, check_mindir, export_bundle, load_bundle
+    from mindspore_relaygr.export import (
+        Vocabulary,
+        bundle_name,
+        check_mindir,
+        check_mindir_batch,
+        export_batch_buckets,
+        export_bundle,
+        load_bundle,
+    )
     from mindspore_relaygr.model.ranker import RelayGRModel
     from mindspore_relaygr.train.dataset import check_checkpoint, prepare_data
 
@@ -192,6 +200,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         example = data.eval_set("test", 1)[0]
         diff = check_mindir(out, bundle_model, example.history, example.candidate_ids)
         say(f"MindIR prefix -> candidate vs rank_full on user {example.user_id}: max |diff| {diff:.2e}")
+        if export_batch_buckets(bundle_cfg):
+            pair = data.eval_set("test", 2)
+            diff = max(diff, check_mindir_batch(out, bundle_model, [(e.history, e.candidate_ids) for e in pair]))
+            say(f"batched MindIR candidate graph vs rank_full on users {', '.join(str(e.user_id) for e in pair)}: "
+                f"max |diff| {diff:.2e}")
         if diff > 1e-5:
             print(f"MindIR scores differ from the model by {diff:.2e} (> 1e-5)", file=sys.stderr)
             return 1
