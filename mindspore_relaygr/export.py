@@ -40,6 +40,7 @@ import numpy as np
 
 from mindspore_relaygr.config import ConfigError, RelayGRConfig, load_config, save_config
 from mindspore_relaygr.errors import BundleError
+from mindspore_relaygr.model.graph_inputs import PER_USER, input_names, input_specs
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +52,6 @@ ITEMS_FILE = "items.json"
 USERS_FILE = "users.json"
 EVENTS_FILE = "events.json"
 REQUIRED_FILES = (CONFIG_FILE, CHECKPOINT_FILE, ITEMS_FILE, USERS_FILE, EVENTS_FILE)
-PREFIX_INPUTS = ("item_ids", "action_ids", "user_feats", "user_row", "pos", "hi", "lo", "valid")
-CANDIDATE_INPUTS = ("keys", "values", "past_pos", "past_hi", "past_lo", "past_valid", "item_ids", "action_ids",
-                    "pos", "hi", "lo", "valid", "cand_ids", "cand_pos", "cand_hi", "cand_lo", "last")
 
 
 @dataclass(frozen=True)
@@ -212,33 +210,27 @@ def graph_cells(net: Any) -> tuple[Any, Any, Any]:
     return PrefixKV(), CandidateLogits(), BatchedCandidateLogits()
 
 
-def _spec(shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
-    return {"shape": list(shape), "dtype": dtype}
+def _sizes(config: RelayGRConfig, **sizes: int) -> dict[str, int]:
+    m = config.model
+    return {"features": max(1, len(m.user_feature_sizes)), "layers": m.num_layers, "heads": m.num_heads,
+            "d_qk": m.d_qk, "d_v": m.d_v, **sizes}
 
 
 def prefix_input_specs(config: RelayGRConfig, bucket: int) -> list[dict[str, Any]]:
-    feats = max(1, len(config.model.user_feature_sizes))
-    dtypes = ("int32", "int32", "int32", "float32", "int32", "float32", "float32", "bool")
-    shapes = ((bucket,), (bucket,), (feats,), (bucket,), (bucket,), (bucket,), (bucket,), (bucket,))
-    return [{"name": n, **_spec(s, d)} for n, s, d in zip(PREFIX_INPUTS, shapes, dtypes, strict=True)]
+    """The exported prefix graph's inputs for `bucket` tokens (model/graph_inputs.py)."""
+    return input_specs("export_prefix", _sizes(config, tokens=bucket))
 
 
 def candidate_input_specs(config: RelayGRConfig, past: int, suffix: int, cands: int) -> list[dict[str, Any]]:
-    m = config.model
-    shapes = ((m.num_layers, m.num_heads, past, m.d_qk), (m.num_layers, m.num_heads, past, m.d_v),
-              (past,), (past,), (past,), (past,), *((suffix,),) * 6, (cands,), (1,), (1,), (1,), (1,))
-    dtypes = ("float32", "float32", "int32", "float32", "float32", "bool", "int32", "int32", "int32", "float32",
-              "float32", "bool", "int32", "int32", "float32", "float32", "int32")
-    return [{"name": n, **_spec(s, d)} for n, s, d in zip(CANDIDATE_INPUTS, shapes, dtypes, strict=True)]
+    """The exported candidate graph's inputs (model/graph_inputs.py)."""
+    return input_specs("export_candidate", _sizes(config, past=past, suffix=suffix, candidates=cands))
 
 
 def batched_candidate_input_specs(config: RelayGRConfig, users: int, past: int, suffix: int, cands: int
                                   ) -> list[dict[str, Any]]:
-    """`candidate_input_specs` of B = `users` users: a leading B axis; the candidates' shared position, times
-    and the user-state row become one per user ([B])."""
-    specs = candidate_input_specs(config, past, suffix, cands)
-    per_user = {"cand_pos", "cand_hi", "cand_lo", "last"}
-    return [{**spec, "shape": [users] if spec["name"] in per_user else [users, *spec["shape"]]} for spec in specs]
+    """The exported candidate graph's inputs for B = `users` users at once (model/graph_inputs.py)."""
+    return input_specs("export_candidate_batch", _sizes(config, users=users, past=past, suffix=suffix,
+                                                        candidates=cands))
 
 
 def export_batch_buckets(config: RelayGRConfig) -> list[int]:
@@ -449,7 +441,8 @@ def _mindir_request(config: RelayGRConfig, history: Any, candidate_ids: Any, pre
 
 def _mindir_inputs(root: Path, config: RelayGRConfig, request: Any, past: int, suffix_bucket: int,
                    cand_bucket: int) -> tuple[np.ndarray, ...]:
-    """The candidate graph's inputs of one request (CANDIDATE_INPUTS order), its K/V from the prefix graph."""
+    """The exported candidate graph's inputs of one request (model/graph_inputs.py order), its K/V from the
+    prefix graph."""
     import mindspore as ms
     from mindspore import Tensor, nn
 
@@ -506,7 +499,7 @@ def mindir_batch_scores(bundle_dir: str | Path, config: RelayGRConfig, requests:
     rows = [_mindir_inputs(root, config, r, past, suffix_bucket, cand_bucket) for r in prepared]
     rows += [rows[0]] * (users - len(rows))
     arrays = [np.stack(column) for column in zip(*rows, strict=True)]
-    per_user = {i for i, n in enumerate(CANDIDATE_INPUTS) if n in ("cand_pos", "cand_hi", "cand_lo", "last")}
+    per_user = {i for i, n in enumerate(input_names("export_candidate")) if n in PER_USER}
     arrays = [a[:, 0] if i in per_user else a for i, a in enumerate(arrays)]
     logits = nn.GraphCell(ms.load(str(root / name)))(*(Tensor(a) for a in arrays)).asnumpy()
     return [_probabilities(logits[i, : len(r[1])]) for i, r in enumerate(prepared)]

@@ -45,9 +45,9 @@ class BatchedCandidateGraph(nn.Cell):
         self.net, self.pool, self.backend = net, pool, backend
         self.num_layers = len(net.layers)
 
-    def construct(self, item_ids, action_ids, pos, hi, lo, valid, past_views, past_time_ids, past_pos, past_valid,
+    def construct(self, item_ids, action_ids, pos, hi, lo, valid, past_kv_ids, past_time_ids, past_pos, past_valid,
                   cand_ids, cand_pos, cand_hi, cand_lo, last):
-        """item_ids, action_ids, pos [B, S] int32, hi, lo [B, S] fp32, valid [B, S] bool; past_views [B, L * 8]
+        """item_ids, action_ids, pos [B, S] int32, hi, lo [B, S] fp32, valid [B, S] bool; past_kv_ids [B, L * 8]
         int64 (PoolLayout.read_views of each slot), past_time_ids, past_pos [B, P] int32, past_valid [B, P] bool;
         cand_ids [B, M] int32; cand_pos [B] int32, cand_hi, cand_lo [B] fp32; last [B] int32 (the row of each
         user's last valid suffix token)."""
@@ -88,7 +88,7 @@ class BatchedCandidateGraph(nn.Cell):
         user = None
         for layer_id, layer in enumerate(net.layers):
             y = backend.project(layer, x)  # [B R, W]: one GEMM for every user's rows
-            past_kv = [self._past_views(past_views, i, layer_id) for i in range(b)]
+            past_kv = [self._past_views(past_kv_ids, i, layer_id) for i in range(b)]
             new_kv = [(y, layer.view_at("k", i * r), y, layer.view_at("v", i * r)) for i in range(b)]
             u = layer.part(y, "u")
             if layer_id < final:

@@ -20,6 +20,7 @@ import numpy as np
 from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.errors import InvalidRequest
 from mindspore_relaygr.model.call_stats import GraphCallStats
+from mindspore_relaygr.model.graph_inputs import GRAPHS, check_inputs
 from mindspore_relaygr.model.host_arena import HostArena, shared_arena
 from mindspore_relaygr.model.inputs import (
     CachedRank,
@@ -411,6 +412,8 @@ class RelayGRModel:
 
     # ------------------------------------------------------------------ internals
     def _call(self, kind: str, *arrays: np.ndarray) -> np.ndarray:
+        if kind in GRAPHS:
+            check_inputs(kind, arrays, self.backend.reads_views)
         t0 = time.perf_counter()
         out = self._graphs[kind](*(self._tensor(a) for a in arrays)).asnumpy()
         self.call_stats.record(kind, [a.shape for a in arrays], (time.perf_counter() - t0) * 1e3)
