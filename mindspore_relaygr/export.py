@@ -151,59 +151,52 @@ def graph_cells(net: Any) -> tuple[Any, Any, Any]:
 
     backend = PlainOps()  # MindIR runs anywhere MindSpore does: no custom kernels
 
-    class PrefixKV(nn.Cell):
-        """Prefix tokens -> (K [L, h, P, dqk], V [L, h, P, dv]) of every layer."""
+    def split(stacked, count: int) -> tuple:
+        """[count, ...] -> count tensors [...]: Slice, since integer indexing is slow on CPU."""
+        return tuple(ops.squeeze(take(stacked, i, i + 1), 0) for i in range(count))
 
+    class OnNet(nn.Cell):
         def __init__(self) -> None:
             super().__init__(auto_prefix=False)  # leave the net's parameter names (checkpoint keys) alone
             self.net, self.backend = net, backend
+            self.num_layers = len(net.layers)
+
+    class PrefixKV(OnNet):
+        """Prefix tokens -> (K [L, h, P, dqk], V [L, h, P, dv]) of every layer."""
 
         def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid):
             x = self.net.add_user_token(self.net.embed(item_ids, action_ids, pos), user_feats, user_row)
             keys, values, _, _ = self.net.encode(x, (pos, hi, lo, valid), None, None, None, self.backend)
             return ops.stack(keys), ops.stack(values)
 
-    class CandidateLogits(nn.Cell):
+    class CandidateLogits(OnNet):
         """Prefix K/V and meta + suffix tokens + candidates -> candidate logits [M, tasks]; `last` [1] is the row
         of the last suffix event (the user state)."""
-
-        def __init__(self) -> None:
-            super().__init__(auto_prefix=False)  # leave the net's parameter names (checkpoint keys) alone
-            self.net, self.backend = net, backend
-            self.num_layers = len(net.layers)
 
         def construct(self, keys, values, past_pos, past_hi, past_lo, past_valid, item_ids, action_ids, pos, hi,
                       lo, valid, cand_ids, cand_pos, cand_hi, cand_lo, last):
             x = self.net.embed(item_ids, action_ids, pos)
             cand = self.net.embed_candidates(cand_ids, cand_pos)
-            # encode takes K/V per layer; Slice (not integer indexing, slow on CPU) splits the stacked inputs.
-            keys = tuple(ops.squeeze(take(keys, i, i + 1), 0) for i in range(self.num_layers))
-            values = tuple(ops.squeeze(take(values, i, i + 1), 0) for i in range(self.num_layers))
+            keys, values = split(keys, self.num_layers), split(values, self.num_layers)  # encode takes them per layer
             views = tuple((keys[i], None, values[i], None) for i in range(len(keys)))  # graph mode: no zip(strict=)
             past = (views, past_pos, past_hi, past_lo, past_valid)
             _, _, hidden, user = self.net.encode(x, (pos, hi, lo, valid), past, cand, (cand_pos, cand_hi, cand_lo),
                                                  self.backend, last)
             return self.net.logits(user, hidden, cand_ids)
 
-    class BatchedCandidateLogits(nn.Cell):
+    class BatchedCandidateLogits(OnNet):
         """The candidate graph for B users at once: K [B, L, h, P, dqk], V [B, L, h, P, dv] and every other input
         of CandidateLogits with a leading B axis (cand_pos, cand_hi, cand_lo and last: [B]) -> logits [B, M, tasks],
         each user's equal to its own CandidateLogits call."""
 
-        def __init__(self) -> None:
-            super().__init__(auto_prefix=False)  # leave the net's parameter names (checkpoint keys) alone
-            self.net, self.backend = net, backend
-            self.num_layers = len(net.layers)
-
         def construct(self, keys, values, past_pos, past_hi, past_lo, past_valid, item_ids, action_ids, pos, hi,
                       lo, valid, cand_ids, cand_pos, cand_hi, cand_lo, last):
+            users = item_ids.shape[0]
+            keys, values = split(keys, users), split(values, users)
             pasts = []
-            for i in range(item_ids.shape[0]):
-                user_k = ops.squeeze(take(keys, i, i + 1), 0)
-                user_v = ops.squeeze(take(values, i, i + 1), 0)
-                pasts.append((tuple(ops.squeeze(take(user_k, j, j + 1), 0) for j in range(self.num_layers)),
-                              tuple(ops.squeeze(take(user_v, j, j + 1), 0) for j in range(self.num_layers)),
-                              past_hi[i], past_lo[i]))
+            for i in range(users):
+                pasts.append((split(keys[i], self.num_layers), split(values[i], self.num_layers), past_hi[i],
+                              past_lo[i]))
             return heads_batched_logits(self.net, self.backend, (item_ids, action_ids, pos, hi, lo, valid), pasts,
                                         (past_pos, past_valid), (cand_ids, cand_pos, cand_hi, cand_lo), last)
 
