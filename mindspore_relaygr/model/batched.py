@@ -294,12 +294,12 @@ class BatchedPrefixGraph(_PrefixBatchCell):
             av = ()
             for i in range(b):
                 new_kv = (y, layer.view_at("k", i * c), y, layer.view_at("v", i * c))
+                past_kv = _slot_views(self.pool, views, i, layer_id, self.num_layers) if self.with_past else None
                 for j, (s, e) in enumerate(blocks):
                     k = i * len(blocks) + j
                     query = (y, layer.view_at("q", i * c + s))
                     like = shape_carrier(e - s, u.shape[1])
                     if self.with_past:  # past then new keys, summed in one call (as HSTUNet._encode_rows)
-                        past_kv = _slot_views(self.pool, views, i, layer_id, self.num_layers)
                         av += (backend.attention(rab, query, past_kv, past_idx[k], like, net.attention_scales,
                                                  net.inv_norm, ((new_kv, new_idx[k]),)),)
                     else:

@@ -158,7 +158,7 @@ class RelayGRModel:
         """`prefill` of several users' chunks in one graph call (model/batched.py, either backend): each chunk is
         cached in its own slot (distinct slots; a slot's first chunk and extensions may mix) exactly as by its
         own `prefill` call, whose event count it returns, in order. The chunks are padded to the largest chunk and
-        past buckets among them and to a batch bucket (model.batch_buckets); one chunk runs the `prefill` graph."""
+        past buckets among them and to a batch bucket (model.batch_buckets); a single chunk runs the prefix graph."""
         if len(chunks) > self.cfg.batch_buckets[-1]:
             raise InvalidRequest("chunks", f"{len(chunks)} exceed the largest batch bucket "
                                            f"{self.cfg.batch_buckets[-1]}")
