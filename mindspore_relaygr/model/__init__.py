@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CachedRank", "RelayGRModel"]
+__all__ = ["CachedRank", "PrefillChunk", "RelayGRModel"]
 
 
 def __getattr__(name: str) -> Any:

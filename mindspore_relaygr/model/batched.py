@@ -1,4 +1,6 @@
-"""The cached-prefix ranking graphs for B users in one call: one per kind of backend (`candidate_batch_graph`).
+"""Graphs of B users in one call, one per kind of backend: cached-prefix ranking (`candidate_batch_graph`) and
+prefill chunks (`prefix_batch_graph`, below the ranking graphs: the same layout, each user's K/V written into its
+own slot).
 
 Each user reads its own pool slot in place (the attention kernel's views, as `CandidateGraph`), has its own
 suffix, prefix length and candidates, all padded to one bucket (past P, suffix S, candidates M). The rows of
@@ -20,7 +22,7 @@ from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 
 from mindspore_relaygr.model.backend import Backend
-from mindspore_relaygr.model.hstu import shape_carrier, take
+from mindspore_relaygr.model.hstu import query_blocks, shape_carrier, take
 from mindspore_relaygr.model.network import HSTUNet, unit
 from mindspore_relaygr.model.pool import KVPool
 
@@ -86,9 +88,10 @@ class BatchedCandidateGraph(nn.Cell):
 
         final = self.num_layers - 1
         user = None
+        views = _flat(past_kv_ids)
         for layer_id, layer in enumerate(net.layers):
             y = backend.project(layer, x)  # [B R, W]: one GEMM for every user's rows
-            past_kv = [self._past_views(past_kv_ids, i, layer_id) for i in range(b)]
+            past_kv = [_slot_views(self.pool, views, i, layer_id, self.num_layers) for i in range(b)]
             new_kv = [(y, layer.view_at("k", i * r), y, layer.view_at("v", i * r)) for i in range(b)]
             u = layer.part(y, "u")
             if layer_id < final:
@@ -112,12 +115,6 @@ class BatchedCandidateGraph(nn.Cell):
             x = backend.finish(layer, ops.concat(x_c), ops.concat(av), ops.concat(u_c))  # [B M, d]
         return _batched_logits(self.net, user, x, cand_ids)
 
-    def _past_views(self, past_views, i: int, layer_id: int):
-        """(K, K at, V, V at) of user i's slot in one layer: the pool read in place through its views."""
-        at = i * self.num_layers * 8 + 8 * layer_id
-        views = _flat(past_views)
-        return (self.pool.keys, ops.slice(views, (at,), (4,)), self.pool.values, ops.slice(views, (at + 4,), (4,)))
-
     def _user_rows(self, layer, x, last_rows, last_meta, meta, past_meta, new_kv, past_kv, s: int, p: int):
         """Every user's state row of the last layer [B, d]: one projection for the B rows, attention per user
         over its new keys and its past (as HSTUNet._user_row does for one user)."""
@@ -134,6 +131,13 @@ class BatchedCandidateGraph(nn.Cell):
                                      shape_carrier(1, u.shape[1]), net.attention_scales, net.inv_norm,
                                      ((past_kv[i], past_idx),)),)
         return backend.finish(layer, x_u, ops.concat(av), u)
+
+
+def _slot_views(pool: KVPool, views: Tensor, i: int, layer_id: int, num_layers: int) -> tuple:
+    """(K, K at, V, V at) of user i's slot in one layer, read in place: `views` holds every user's
+    PoolLayout.read_views, flat ([B L 8])."""
+    at = (i * num_layers + layer_id) * 8
+    return (pool.keys, ops.slice(views, (at,), (4,)), pool.values, ops.slice(views, (at + 4,), (4,)))
 
 
 def _batched_logits(net: HSTUNet, user, cand_hidden, cand_ids):
@@ -229,3 +233,146 @@ def heads_batched_logits(net: HSTUNet, backend: Backend, tokens: tuple, pasts: l
         else:
             user = ops.concat(users)
     return _batched_logits(net, user, cand, cand_ids)
+
+
+def prefix_batch_graph(net: HSTUNet, pool: KVPool, backend: Backend, with_past: bool) -> nn.Cell:
+    """The batched prefill graph of `backend` (the inputs of PrefixGraph with a leading B axis): B users' chunks,
+    each written into its own slot; `with_past`: the chunks read their slots' cached tokens (extensions)."""
+    graph = BatchedPrefixGraph if backend.reads_views else PlainBatchedPrefixGraph
+    return graph(net, pool, backend, with_past)
+
+
+class _PrefixBatchCell(nn.Cell):
+    def __init__(self, net: HSTUNet, pool: KVPool, backend: Backend, with_past: bool) -> None:
+        super().__init__()
+        self.net, self.pool, self.backend, self.with_past = net, pool, backend, with_past
+        self.num_layers = len(net.layers)
+
+
+class BatchedPrefixGraph(_PrefixBatchCell):
+    """B users' prefill chunks -> K/V written into their slots in place, on a backend that reads views.
+
+    The chunks of the B users sit in one token matrix (user b at rows [b C, (b + 1) C)): each layer's projection
+    is one GEMM over all rows and its output projection one call; attention runs per user and query block over
+    the user's own new keys and, with a past, its own slot read in place (a first chunk's past is all invalid:
+    its masked keys add exactly 0). The last layer's K/V of all users go to the pool in one copy per tensor."""
+
+    def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid,
+                  write_kv_ids, write_time_ids, past_kv_ids, past_time_ids, past_pos, past_valid):
+        """Each input of PrefixGraph with a leading B axis; past_kv_ids [B, L * 8] int64 (PoolLayout.read_views),
+        or [B, 1] placeholders without a past. Returns each user's valid token count [B]."""
+        net, rab, backend = self.net, self.net.rab, self.backend
+        b, c = item_ids.shape
+        p = past_pos.shape[1]
+        blocks = query_blocks(c, net.block_len)
+        x = _embed_chunks(net, item_ids, action_ids, user_feats, user_row, pos)
+        meta = (_flat(pos), _flat(hi), _flat(lo), _flat(valid))  # [B C] each
+        past_meta = None
+        if self.with_past:
+            past_hi, past_lo = self.pool.read_times(_flat(past_time_ids))
+            past_meta = (_flat(past_pos), past_hi, past_lo, _flat(past_valid))  # [B P] each
+        # Bias indices of every (user, query block), built once and read by every layer: windows of the flat
+        # metadata, no slices.
+        new_idx, past_idx = (), ()
+        for i in range(b):
+            for s, e in blocks:
+                rows = (i * c + s, i * c + e)
+                new_idx += (backend.prepare_window(rab, meta, rows, meta, (i * c, i * c + e)),)
+                if self.with_past:
+                    past_idx += (backend.prepare_window(rab, meta, rows, past_meta, (i * p, i * p + p)),)
+
+        views = _flat(past_kv_ids)
+        final = self.num_layers - 1
+        ys = ()
+        for layer_id, layer in enumerate(net.layers):
+            # [B C, W]: one GEMM for every user's rows; the last layer's rows feed only their K and V (the pool)
+            y = backend.project(layer, x, kv_only_rows=b * c if layer_id == final else 0)
+            ys += (y,)
+            if layer_id == final:
+                break
+            u = layer.part(y, "u")
+            av = ()
+            for i in range(b):
+                new_kv = (y, layer.view_at("k", i * c), y, layer.view_at("v", i * c))
+                past_kv = _slot_views(self.pool, views, i, layer_id, self.num_layers) if self.with_past else None
+                for j, (s, e) in enumerate(blocks):
+                    k = i * len(blocks) + j
+                    query = (y, layer.view_at("q", i * c + s))
+                    like = shape_carrier(e - s, u.shape[1])
+                    if self.with_past:  # past then new keys, summed in one call (as HSTUNet._encode_rows)
+                        av += (backend.attention(rab, query, past_kv, past_idx[k], like, net.attention_scales,
+                                                 net.inv_norm, ((new_kv, new_idx[k]),)),)
+                    else:
+                        av += (backend.attention(rab, query, new_kv, new_idx[k], like, net.attention_scales,
+                                                 net.inv_norm),)
+            x = backend.finish(layer, x, ops.concat(av), u)
+        return _write_chunks(net, self.pool, backend, (write_kv_ids, write_time_ids), ys, ys, (hi, lo, valid))
+
+
+class PlainBatchedPrefixGraph(_PrefixBatchCell):
+    """B users' prefill chunks -> K/V written into their slots on head-major tensors (PlainOps): the inputs of
+    BatchedPrefixGraph, with each slot's K/V row ids (PoolLayout.read_ids) for `past_kv_ids` [B, L H P]. Each
+    layer's projection is one matmul over all users' rows; attention runs per user and query block over its new
+    keys and its slot's K/V gathered from the pool; all users' K/V are written with one scatter_update each."""
+
+    def construct(self, item_ids, action_ids, user_feats, user_row, pos, hi, lo, valid,
+                  write_kv_ids, write_time_ids, past_kv_ids, past_time_ids, past_pos, past_valid):
+        net, backend = self.net, self.backend
+        b, c = item_ids.shape
+        blocks = query_blocks(c, net.block_len)
+        x = _embed_chunks(net, item_ids, action_ids, user_feats, user_row, pos)
+        pasts, biases = (), ()
+        for i in range(b):
+            past_meta = None
+            if self.with_past:
+                keys, values, p_hi, p_lo = self.pool.read(past_kv_ids[i], past_time_ids[i])
+                pasts += ((keys, values),)
+                past_meta = (past_pos[i], p_hi, p_lo, past_valid[i])
+            biases += (net.block_biases(backend, (pos[i], hi[i], lo[i], valid[i]), past_meta, blocks),)
+
+        final = self.num_layers - 1
+        new_keys, new_values = (), ()
+        for layer_id, layer in enumerate(net.layers):
+            y = backend.project(layer, x)  # one matmul for every user's rows
+            k, v = layer.heads(y, "k"), layer.heads(y, "v")  # [h, B C, d]
+            new_keys += (k,)
+            new_values += (v,)
+            if layer_id == final:
+                break
+            q = layer.heads(y, "q") * layer.q_scale
+            av = ()
+            for i in range(b):
+                past_kv = None
+                if self.with_past:
+                    past_kv = (pasts[i][0][layer_id], None, pasts[i][1][layer_id], None)
+                for j, (s, e) in enumerate(blocks):
+                    first = i * c
+                    new_kv = (take(k, first, first + e, 1), None, take(v, first, first + e, 1), None)
+                    query = (take(q, first + s, first + e, 1), None)
+                    av += (net._attend(backend, query, new_kv, past_kv, biases[i][j]),)
+            x = backend.finish(layer, x, ops.concat(av), layer.part(y, "u"))
+        return _write_chunks(net, self.pool, backend, (write_kv_ids, write_time_ids), new_keys, new_values,
+                             (hi, lo, valid))
+
+
+def _embed_chunks(net: HSTUNet, item_ids, action_ids, user_feats, user_row, pos):
+    """Every user's chunk rows [B C, d] (user b at rows [b C, (b + 1) C)), each user's summed feature embedding
+    added on its rows where user_row == 1 (HSTUNet.add_user_token for B users; user_feats [B, F])."""
+    b, c = item_ids.shape
+    x = ops.reshape(net.embed(_flat(item_ids), _flat(action_ids), _flat(pos)), (b, c, -1))
+    user = ops.sum(ops.gather(net.user_table, user_feats, 0), 1, keepdim=True)  # [B, 1, d]
+    return ops.reshape(x + ops.expand_dims(user_row, 2) * user, (b * c, -1))
+
+
+def _write_chunks(net: HSTUNet, pool: KVPool, backend: Backend, write_ids: tuple, keys: tuple, values: tuple,
+                  token_rows: tuple):
+    """Write all users' K/V (per layer, in the rows of the token matrix) and times into the pool in place, one
+    write per tensor: write_ids = (kv ids [B, L H C], time ids [B, C]); the kv ids are reordered to (layer, head,
+    user, token), the order of those rows. token_rows = (hi, lo, valid) [B, C]. Returns the valid counts [B].
+    Padding tokens of different users may share scratch rows: nothing reads those."""
+    kv_ids, time_ids = write_ids
+    hi, lo, valid = token_rows
+    b, c = time_ids.shape
+    kv_ids = _flat(ops.transpose(ops.reshape(kv_ids, (b, -1, c)), (1, 0, 2)))
+    done = backend.write_prefix(pool, net.layers[0], kv_ids, _flat(time_ids), keys, values, _flat(hi), _flat(lo))
+    return ops.depend(ops.reduce_sum(ops.cast(valid, mstype.int32), 1), done)

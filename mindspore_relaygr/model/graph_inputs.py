@@ -68,8 +68,8 @@ PAST_KV = _inputs(("keys", "float32", ("layers", "heads", "past", "d_qk")),
                   ("past_lo", "float32", ("past",)), ("past_valid", "bool", ("past",)))
 PER_USER = ("cand_pos", "cand_hi", "cand_lo", "last")  # batched graphs: one per user ([B]), not [B, 1]
 
-GRAPHS = ("full", "prefix", "extend", "candidate", "candidate_batch", "export_prefix", "export_candidate",
-          "export_candidate_batch")
+GRAPHS = ("full", "prefix", "extend", "candidate", "candidate_batch", "prefix_batch", "extend_batch", "export_prefix",
+          "export_candidate", "export_candidate_batch")
 
 
 def graph_inputs(graph: str, reads_views: bool = False) -> tuple[GraphInput, ...]:
@@ -85,6 +85,10 @@ def graph_inputs(graph: str, reads_views: bool = False) -> tuple[GraphInput, ...
         return (*_tokens("suffix"), *_past(reads_views), *CANDIDATES, *LAST)
     if graph == "candidate_batch":
         return _batched(graph_inputs("candidate", reads_views))
+    if graph == "prefix_batch":  # B users' first chunks (the past placeholders become [B, 1])
+        return _batched(graph_inputs("prefix", reads_views))
+    if graph == "extend_batch":  # B users' chunks, each reading its slot's past (a first chunk's all invalid)
+        return _batched(graph_inputs("extend", reads_views))
     if graph == "export_prefix":
         return _tokens_with_user("tokens")
     if graph == "export_candidate":

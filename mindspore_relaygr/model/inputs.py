@@ -144,6 +144,15 @@ class CachedRank:
 
 
 @dataclass(frozen=True)
+class PrefillChunk:
+    """One user's chunk of `RelayGRModel.prefill_batch`: the arguments of `prefill`."""
+
+    slot: int
+    history: Any
+    start: int = 0
+
+
+@dataclass(frozen=True)
 class TokenBatch:
     """Padded arrays of new tokens, ready for a graph (all numpy)."""
 

@@ -142,7 +142,7 @@ class FusedOps:
     # x + (LayerNorm(av) * u) w2^T + b2
     finish_rows: Any
     # (pool [R, d] Parameter, ids [L*H*C] i32, at [5] i64, y_0 .. y_{L-1} [n, W]) -> done [1] i32: copies each
-    # layer's per-head rows of y into the pool rows `ids`, in place (the prefix graph's slot write)
+    # layer's per-head rows of y into the pool rows `ids`, in place (the slot write of the prefix graphs, batched too)
     scatter_view_rows: Any
 
 

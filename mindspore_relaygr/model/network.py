@@ -208,12 +208,7 @@ class HSTUNet(nn.Cell):
         blocks = query_blocks(x.shape[0], self.block_len)
         past_meta = None if past is None else past[1:]
         # Bias is built once per request and reused by every layer; candidates share one row.
-        block_bias = ()
-        for s, e in blocks:
-            q_meta = tuple(take(m, s, e) for m in meta[:3])
-            new_bias = backend.prepare(self.rab, q_meta, tuple(take(m, 0, e) for m in meta))
-            past_bias = None if past is None else backend.prepare(self.rab, q_meta, past_meta)
-            block_bias += ((new_bias, past_bias),)
+        block_bias = self.block_biases(backend, meta, past_meta, blocks)
         cand_bias = None
         if cand is not None:
             cand_bias = (backend.prepare(self.rab, cand_meta, meta),
@@ -246,6 +241,17 @@ class HSTUNet(nn.Cell):
                 u = layer.part(y, "u")
                 x = backend.finish(layer, x, ops.concat(av) if len(av) > 1 else av[0], u)
         return new_keys, new_values, cand, user
+
+    def block_biases(self, backend, meta, past_meta, blocks):
+        """Head-major bias of each query block (s, e) of the new tokens `meta` over the new keys [0, e) and over
+        the past keys `past_meta` (None: no past): ((new bias, past bias or None), ...) for `_attend`."""
+        out = ()
+        for s, e in blocks:
+            q_meta = tuple(take(m, s, e) for m in meta[:3])
+            new_bias = backend.prepare(self.rab, q_meta, tuple(take(m, 0, e) for m in meta))
+            past_bias = None if past_meta is None else backend.prepare(self.rab, q_meta, past_meta)
+            out += ((new_bias, past_bias),)
+        return out
 
     def _attend(self, backend, query, new_kv, past_kv, bias):
         """Attention of a head-major query block over new keys (causal; the bias says how many) plus, if any,

@@ -3,8 +3,9 @@
 K row id of (slot s, layer l, head g, token t) = ((s * L + l) * H + g) * slot_len + t, so reading
 the first P tokens of a slot yields [L, H, P, d] directly (no transpose on the ranking path).
 Timestamps are one (hi, lo) row per token: row id = s * slot_len + t. After the last slot a
-scratch region of one slot receives the padded rows of a bucketed write, so every written row id
-is unique and no mask is needed. Reads gather and writes scatter exactly the rows asked for: the
+scratch region of one slot receives the padded rows of a bucketed write, so the row ids of a chunk
+are distinct and no mask is needed (in a batched prefill, padding rows of different users may share a
+scratch row: nothing reads them). Reads gather and writes scatter exactly the rows asked for: the
 cost of either does not depend on the number of slots.
 """
 

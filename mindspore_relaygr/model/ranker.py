@@ -25,6 +25,7 @@ from mindspore_relaygr.model.host_arena import HostArena, shared_arena
 from mindspore_relaygr.model.inputs import (
     CachedRank,
     History,
+    PrefillChunk,
     TokenBatch,
     bucket_for,
     layout_tokens,
@@ -47,6 +48,21 @@ class _CachedInputs:
     prefix_tok: int  # cached tokens the rank reads (the user token included)
     suffix: History
     cands: np.ndarray
+
+
+@dataclass(frozen=True)
+class _PrefillInputs:
+    """A validated prefill chunk: it writes tokens [start_tok, end_tok) of `slot` (user token included)."""
+
+    slot: int
+    hist: History
+    start: int  # events
+    start_tok: int
+    end_tok: int
+    chunk: int  # its bucket (0: no new token, nothing to write)
+    past: int  # the bucket of the slot's tokens it reads (0: it starts the slot)
+
+
 HistoryLike = Mapping[str, Any] | History
 
 
@@ -63,7 +79,7 @@ class RelayGRModel:
         import mindspore as ms
 
         from mindspore_relaygr.model.backend import select_backend
-        from mindspore_relaygr.model.batched import candidate_batch_graph
+        from mindspore_relaygr.model.batched import candidate_batch_graph, prefix_batch_graph
         from mindspore_relaygr.model.network import (
             CandidateGraph,
             FullGraph,
@@ -90,6 +106,8 @@ class RelayGRModel:
             "extend": PrefixGraph(self.net, self.pool, self.backend, with_past=True),
             "candidate": CandidateGraph(self.net, self.pool, self.backend),
             "candidate_batch": candidate_batch_graph(self.net, self.pool, self.backend),
+            "prefix_batch": prefix_batch_graph(self.net, self.pool, self.backend, with_past=False),
+            "extend_batch": prefix_batch_graph(self.net, self.pool, self.backend, with_past=True),
             "read_slot": SlotReadGraph(self.pool),
             "write_slot": SlotWriteGraph(self.pool),
         }
@@ -132,6 +150,47 @@ class RelayGRModel:
 
         Returns the number of events the slot holds afterwards (n).
         """
+        q = self._prefill_inputs(slot, history, start)
+        self._run_chunks([q])
+        return len(q.hist)
+
+    def prefill_batch(self, chunks: Sequence[PrefillChunk]) -> list[int]:
+        """`prefill` of several users' chunks in one graph call (model/batched.py, either backend): each chunk is
+        cached in its own slot (distinct slots; a slot's first chunk and extensions may mix) exactly as by its
+        own `prefill` call, whose event count it returns, in order. The chunks are padded to the largest chunk and
+        past buckets among them and to a batch bucket (model.batch_buckets); a single chunk runs the prefix graph."""
+        if len(chunks) > self.cfg.batch_buckets[-1]:
+            raise InvalidRequest("chunks", f"{len(chunks)} exceed the largest batch bucket "
+                                           f"{self.cfg.batch_buckets[-1]}")
+        slots = [c.slot for c in chunks]
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"prefill_batch: slots {slots} repeat; one chunk per slot in a batch")
+        prepared = [self._prefill_inputs(c.slot, c.history, c.start) for c in chunks]
+        self._run_chunks(prepared)
+        return [len(q.hist) for q in prepared]
+
+    def _run_chunks(self, prepared: Sequence[_PrefillInputs]) -> None:
+        """Write validated chunks of distinct slots and update their mirrors: one chunk through the prefix (extend)
+        graph, several through the batched one, padded to the largest chunk and past buckets among them."""
+        todo = [q for q in prepared if q.chunk]  # a chunk of no new token writes nothing
+        if not todo:
+            return
+        chunk, past = max(q.chunk for q in todo), max(q.past for q in todo)
+        tokens = [self._tokens(q.hist, q.start, chunk) for q in todo]
+        rows = [self._prefill_args(q, t, past) for q, t in zip(todo, tokens, strict=True)]
+        if len(rows) == 1:
+            self._call("prefix" if past == 0 else "extend", *rows[0])
+        else:
+            batch = bucket_for(len(rows), self.cfg.batch_buckets, "chunks")
+            # Padding users: the first user's inputs, writing scratch rows only (their outputs are dropped).
+            rows += [self._prefill_args(todo[0], tokens[0], past, write=False)] * (batch - len(rows))
+            self._call("prefix_batch" if past == 0 else "extend_batch",
+                       *(np.stack(column) for column in zip(*rows, strict=True)))
+        for q, t in zip(todo, tokens, strict=True):
+            self._remember(q, t)
+
+    def _prefill_inputs(self, slot: int, history: HistoryLike, start: int) -> _PrefillInputs:
+        """Validate a prefill chunk (InvalidRequest naming the field, ValueError for a bad slot)."""
         self.layout.check_slot(slot)
         hist = validate_history(self.cfg, history, "prefix_history")
         if not 0 <= start <= len(hist):
@@ -144,21 +203,25 @@ class RelayGRModel:
         if end_tok > self.layout.slot_len:
             raise InvalidRequest("prefix_history", f"{len(hist)} events exceed the slot capacity "
                                                    f"{self.layout.slot_len - self._user_tokens}")
-        if end_tok == start_tok:
-            return len(hist)
-        bucket = bucket_for(end_tok - start_tok, self.prefix_buckets, "prefix_history")
-        tokens = self._tokens(hist, start, bucket)
-        write_ids = self.layout.write_ids(slot, start_tok, tokens.num_valid, bucket)
-        if start_tok == 0:
-            self._call("prefix", *self._token_args(tokens, hist), *write_ids, *_no_past())
-        else:
-            past_bucket = bucket_for(start_tok, self.prefix_buckets, "start")
-            past = self._past_args(slot, start_tok, past_bucket)
-            self._call("extend", *self._token_args(tokens, hist), *write_ids, *past)
+        chunk = past = 0
+        if end_tok > start_tok:
+            chunk = bucket_for(end_tok - start_tok, self.prefix_buckets, "prefix_history")
+            past = bucket_for(start_tok, self.prefix_buckets, "start") if start_tok else 0
+        return _PrefillInputs(slot, hist, start, start_tok, end_tok, chunk, past)
+
+    def _prefill_args(self, q: _PrefillInputs, tokens: TokenBatch, past: int, write: bool = True) -> tuple:
+        """The prefix graph's inputs of one chunk, its past padded to `past` tokens (0: placeholders, the chunk
+        starts its slot); write=False: it writes scratch rows only (a padding user, a warm-up call)."""
+        bucket = len(tokens.valid)
+        write_ids = self.layout.write_ids(q.slot, q.start_tok, tokens.num_valid if write else 0, bucket)
+        past_args = self._past_args(q.slot, q.start_tok, past) if past else _no_past()
+        return (*self._token_args(tokens, q.hist), *write_ids, *past_args)
+
+    def _remember(self, q: _PrefillInputs, tokens: TokenBatch) -> None:
+        """Update the host mirror of q's slot after its chunk is written."""
         new = SlotTokens(tokens.item_ids[:tokens.num_valid], tokens.action_ids[:tokens.num_valid],
-                         self._token_times(hist)[start_tok:])
-        self._slot_tokens[slot] = self._slot_tokens.get(slot, EMPTY_TOKENS).head(start_tok).then(new)
-        return len(hist)
+                         self._token_times(q.hist)[q.start_tok:])
+        self._slot_tokens[q.slot] = self._slot_tokens.get(q.slot, EMPTY_TOKENS).head(q.start_tok).then(new)
 
     def prefill_steps(self, slot: int, history: HistoryLike, chunk_len: int) -> Iterator[int]:
         """Cache `history` in the empty `slot` in chunks of at most `chunk_len` tokens, each an
@@ -321,22 +384,26 @@ class RelayGRModel:
         self._slot_tokens.pop(slot, None)
 
     def warmup(self, graphs: Sequence[str] = GRAPH_KINDS, max_chunk: int | None = None,
-               max_batch: int = 1) -> dict[str, Any]:
+               max_batch: int = 1, max_prefill_batch: int = 1) -> dict[str, Any]:
         """Compile every bucket of the chosen graphs now, so no request pays for a compile.
 
-        max_chunk: compile prefix graphs only for chunks up to this many tokens (chunked prefill).
+        max_chunk: compile prefix graphs (batched ones too) only for chunks up to this many tokens (chunked
+        prefill).
         max_batch: with the candidate graph, also compile the batched one for every batch bucket up to the one
         holding this many users (rank_cached_batch; nothing more when 1).
+        max_prefill_batch: the same for the prefix graph and prefill_batch.
         """
         unknown = set(graphs) - set(GRAPH_KINDS)
         if unknown:
             raise ValueError(f"graphs={sorted(unknown)}: unknown; choose from {GRAPH_KINDS}")
         t0 = time.perf_counter()
-        kinds = [*graphs, "candidate_batch"] if "candidate" in graphs and max_batch > 1 else graphs
-        top_batch = bucket_for(max_batch, self.cfg.batch_buckets, "max_batch")
+        batched = {"candidate_batch": ("candidate", max_batch, "max_batch"),
+                   "prefix_batch": ("prefix", max_prefill_batch, "max_prefill_batch")}
+        top_batch = {kind: bucket_for(n, self.cfg.batch_buckets, name) for kind, (_, n, name) in batched.items()}
+        kinds = [*graphs] + [kind for kind, (single, n, _) in batched.items() if single in graphs and n > 1]
         todo = [(kind, shape) for kind in kinds for shape in self.graph_shapes(kind)
-                if not (kind == "prefix" and max_chunk is not None and shape[1] > max_chunk)
-                and not (kind == "candidate_batch" and shape[0] > top_batch)]
+                if not (kind in ("prefix", "prefix_batch") and max_chunk is not None and shape[-1] > max_chunk)
+                and not (kind in top_batch and shape[0] > top_batch[kind])]
         total = len(todo) + (2 * len(self.prefix_buckets) if "prefix" in graphs else 0)
         for done, (kind, shape) in enumerate(todo, 1):
             self._run_dummy(kind, shape)
@@ -381,8 +448,9 @@ class RelayGRModel:
                                            if prev[p] + 1 + prev[c] + 1 <= self.layout.slot_len]
         if kind == "candidate":
             return [(p, s, m) for p in pb for s in cfg.suffix_buckets for m in cfg.candidate_buckets]
-        if kind == "candidate_batch":  # (users, past, suffix, candidates); one user runs the candidate graph
-            return [(b, *shape) for b in cfg.batch_buckets if b > 1 for shape in self.graph_shapes("candidate")]
+        if kind in ("candidate_batch", "prefix_batch"):  # (users, ...); one user runs the single-user graph
+            single = kind.removesuffix("_batch")
+            return [(b, *shape) for b in cfg.batch_buckets if b > 1 for shape in self.graph_shapes(single)]
         raise ValueError(f"kind={kind!r}: unknown graph kind")
 
     def save_checkpoint(self, path: str | Path) -> None:
@@ -471,14 +539,15 @@ class RelayGRModel:
             n, m = shape
             cand = self._candidate_args(np.ones(m, np.int32), 1, 0)
             self._call("full", *self._token_args(self._tokens(hist, 0, n), hist), *cand, np.zeros(1, np.int32))
-        elif kind == "prefix":
-            past, chunk = shape
-            write_ids = self.layout.write_ids(0, 0, 0, chunk)  # count 0: scratch rows only
-            args = self._token_args(self._tokens(hist, 0, chunk), hist)
-            if past == 0:
-                self._call("prefix", *args, *write_ids, *_no_past())
+        elif kind in ("prefix", "prefix_batch"):
+            *users, past, chunk = shape
+            q = _PrefillInputs(0, hist, 0, 0, 0, chunk, past)  # writes scratch rows only
+            row = self._prefill_args(q, self._tokens(hist, 0, chunk), past, write=False)
+            graph = "prefix" if past == 0 else "extend"
+            if users:
+                self._call(f"{graph}_batch", *(np.stack([a] * users[0]) for a in row))
             else:
-                self._call("extend", *args, *write_ids, *self._past_args(0, 0, past))
+                self._call(graph, *row)
         elif kind == "candidate":
             past, suffix, m = shape
             tokens = self._tokens(hist, 0, suffix)

@@ -18,7 +18,12 @@ def _params(construct) -> tuple[str, ...]:
 
 
 def test_every_graph_cell_takes_the_described_inputs_in_order():
-    from mindspore_relaygr.model.batched import BatchedCandidateGraph, PlainBatchedCandidateGraph
+    from mindspore_relaygr.model.batched import (
+        BatchedCandidateGraph,
+        BatchedPrefixGraph,
+        PlainBatchedCandidateGraph,
+        PlainBatchedPrefixGraph,
+    )
     from mindspore_relaygr.model.network import CandidateGraph, FullGraph, PrefixGraph
 
     assert _params(FullGraph.construct) == input_names("full")
@@ -27,6 +32,8 @@ def test_every_graph_cell_takes_the_described_inputs_in_order():
     assert _params(CandidateGraph.construct) == input_names("candidate")
     assert _params(BatchedCandidateGraph.construct) == input_names("candidate_batch")
     assert _params(PlainBatchedCandidateGraph.construct) == input_names("candidate_batch")
+    for cell in (BatchedPrefixGraph, PlainBatchedPrefixGraph):  # one cell per backend, two graphs each
+        assert _params(cell.construct) == input_names("prefix_batch") == input_names("extend_batch")
 
 
 def test_the_exported_cells_take_the_described_inputs_in_order():
@@ -54,7 +61,7 @@ def test_a_call_that_differs_from_the_description_is_refused_naming_the_input():
         check_inputs("full", arrays[:-1])
     with pytest.raises(ValueError, match="graph='fast': unknown"):
         graph_inputs("fast")
-    assert set(GRAPHS) >= {"full", "prefix", "extend", "candidate", "candidate_batch"}
+    assert set(GRAPHS) >= {"full", "prefix", "extend", "candidate", "candidate_batch", "prefix_batch", "extend_batch"}
 
 
 def test_pool_graphs_take_a_slot_as_row_ids_or_as_views_by_backend():
@@ -63,6 +70,11 @@ def test_pool_graphs_take_a_slot_as_row_ids_or_as_views_by_backend():
     assert (plain["past_kv_ids"].dtype, views["past_kv_ids"].dtype) == ("int32", "int64")
     batched = {x.name: x.axes for x in graph_inputs("candidate_batch", reads_views=True)}
     assert batched["past_kv_ids"] == ("users", "past_ids") and batched["last"] == ("users",)
+    chunks = {x.name: x for x in graph_inputs("extend_batch", reads_views=True)}
+    assert chunks["past_kv_ids"].dtype == "int64" and chunks["write_kv_ids"].axes == ("users", "write_ids")
+    assert chunks["user_feats"].axes == ("users", "features")
+    first = {x.name: x.axes for x in graph_inputs("prefix_batch", reads_views=True)}
+    assert first["past_valid"] == ("users", "one")  # placeholders: a batch of first chunks reads no past
 
 
 def test_exported_specs_size_every_axis():
