@@ -34,3 +34,17 @@ def tiny_model(tiny_config):
     model = RelayGRModel(tiny_config)
     randomize_weights(model, seed=1)
     return model
+
+
+def tiny_on_backend(backend: str, num_slots: int, seed: int):
+    """The tiny model with batch buckets 1, 2, 4 on one backend ("fused_cpu": the fused CPU kernels, "plain":
+    MindSpore ops, the path Ascend runs), its weights randomized with `seed`."""
+    from mindspore_relaygr.model import RelayGRModel
+    from tests.conftest import CONFIGS
+
+    cfg = load_config(CONFIGS / "tiny.yaml", [f"cache.num_slots={num_slots}", "model.batch_buckets=[1,2,4]",
+                                              f"model.fused_kernels={str(backend == 'fused_cpu').lower()}"])
+    m = RelayGRModel(cfg)
+    assert m.backend.name == backend, "the fused kernels should build on this CPU (g++ is required)"
+    randomize_weights(m, seed=seed)
+    return m

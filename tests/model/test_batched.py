@@ -12,7 +12,7 @@ from mindspore_relaygr import load_config
 from mindspore_relaygr.errors import InvalidRequest
 from mindspore_relaygr.model.ranker import CachedRank
 from tests.conftest import CONFIGS, random_history, split_history
-from tests.model.conftest import randomize_weights
+from tests.model.conftest import tiny_on_backend
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5  # R1: the batched call computes each user's math with the same kernels, in another order of rows
@@ -21,15 +21,7 @@ NUM_SLOTS = 8
 
 @pytest.fixture(scope="module", params=["fused_cpu", "plain"])
 def model(request):
-    """The tiny model on each backend: the fused CPU kernels, or plain MindSpore ops (the path Ascend runs)."""
-    from mindspore_relaygr.model import RelayGRModel
-
-    cfg = load_config(CONFIGS / "tiny.yaml", [f"cache.num_slots={NUM_SLOTS}", "model.batch_buckets=[1,2,4]",
-                                              f"model.fused_kernels={str(request.param == 'fused_cpu').lower()}"])
-    m = RelayGRModel(cfg)
-    assert m.backend.name == request.param, "the fused kernels should build on this CPU (g++ is required)"
-    randomize_weights(m, seed=11)
-    return m
+    return tiny_on_backend(request.param, NUM_SLOTS, seed=11)
 
 
 @st.composite
