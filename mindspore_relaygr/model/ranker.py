@@ -448,9 +448,10 @@ class RelayGRModel:
                                            if prev[p] + 1 + prev[c] + 1 <= self.layout.slot_len]
         if kind == "candidate":
             return [(p, s, m) for p in pb for s in cfg.suffix_buckets for m in cfg.candidate_buckets]
-        if kind in ("candidate_batch", "prefix_batch"):  # (users, ...); one user runs the single-user graph
-            single = kind.removesuffix("_batch")
-            return [(b, *shape) for b in cfg.batch_buckets if b > 1 for shape in self.graph_shapes(single)]
+        if kind == "candidate_batch":  # (users, past, suffix, candidates); one user runs the candidate graph
+            return [(b, *shape) for b in cfg.batch_buckets if b > 1 for shape in self.graph_shapes("candidate")]
+        if kind == "prefix_batch":  # (users, past, chunk): one user's past bucket meets another's chunk bucket
+            return [(b, p, c) for b in cfg.batch_buckets if b > 1 for p in [0, *pb] for c in pb]
         raise ValueError(f"kind={kind!r}: unknown graph kind")
 
     def save_checkpoint(self, path: str | Path) -> None:

@@ -108,3 +108,19 @@ def test_warmup_compiles_the_batched_prefill_buckets_up_to_max_prefill_batch():
     assert m.call_stats.cold_calls == []
     m.prefill_batch([PrefillChunk(i, _head(hists[i], 10)) for i in range(3)])
     assert [(c.kind, c.shapes[0][0]) for c in m.call_stats.cold_calls] == [("prefix_batch", 4)]
+
+
+def test_warmup_covers_one_users_past_bucket_next_to_another_users_chunk_bucket():
+    """A slot extended past 64 tokens (past bucket 128) next to another slot's first chunk of 100 events (chunk
+    bucket 128) pads to (128, 128), a pair no single user's prefill reaches in a 128-token slot: warmed too."""
+    from mindspore_relaygr.model import RelayGRModel
+
+    m = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=2", "model.batch_buckets=[1,2]"]))
+    m.warmup(graphs=("prefix",), max_prefill_batch=2)
+    rng = np.random.default_rng(4)
+    hists = [random_history(rng, 120, user_features=[1, 2]) for _ in range(2)]
+    m.prefill(0, _head(hists[0], 90))
+    assert m.prefill_batch([PrefillChunk(0, _head(hists[0], 110), 90), PrefillChunk(1, _head(hists[1], 100))]) == [
+        110, 100]
+    assert m.call_stats.cold_calls == []
+
