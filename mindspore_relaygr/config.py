@@ -242,6 +242,9 @@ class RelayConfig:
     # forecasts, batch factors included): a queued rank joins only while the batch stays within it. null: no
     # bound (up to max_rank_batch join). Only read when max_rank_batch > 1.
     max_batch_delay_ms: float | None = None
+    # Prefill chunks of different relays that the device thread runs in one call (RelayGRModel.prefill_batch): the
+    # chunks queued when one comes up join it, up to this many, padded to model.batch_buckets. 1: one per call.
+    max_prefill_batch: int = 1
     # Admission control of ranks (serving): admit a rank only while the unfinished ranks ahead of it and
     # itself are predicted to drain within admission_fraction * trigger.slo_ms; others get 503 at once.
     # The rest of the SLO covers a refused rank's next try and the error of the prediction, which counts
@@ -262,6 +265,7 @@ class RelayConfig:
         _require(self.inflight_wait_ms >= 0, "relay.inflight_wait_ms", self.inflight_wait_ms, "must be >= 0")
         _require(self.ready_ttl_ms > 0, "relay.ready_ttl_ms", self.ready_ttl_ms, "must be > 0")
         _require(self.max_rank_batch >= 1, "relay.max_rank_batch", self.max_rank_batch, "must be >= 1")
+        _require(self.max_prefill_batch >= 1, "relay.max_prefill_batch", self.max_prefill_batch, "must be >= 1")
         _require(self.max_batch_delay_ms is None or self.max_batch_delay_ms >= 0, "relay.max_batch_delay_ms",
                  self.max_batch_delay_ms, "must be >= 0 or null")
         _require(0.0 <= self.audit_fraction <= 1.0, "relay.audit_fraction", self.audit_fraction, "must be in [0, 1]")
@@ -528,6 +532,9 @@ class RelayGRConfig:
                  f"{self.context.device_target} (use null or false there)")
         _require(self.relay.max_rank_batch <= self.model.batch_buckets[-1], "relay.max_rank_batch",
                  self.relay.max_rank_batch, f"must be at most the largest of model.batch_buckets "
+                 f"{self.model.batch_buckets}")
+        _require(self.relay.max_prefill_batch <= self.model.batch_buckets[-1], "relay.max_prefill_batch",
+                 self.relay.max_prefill_batch, f"must be at most the largest of model.batch_buckets "
                  f"{self.model.batch_buckets}")
 
     def to_dict(self) -> dict[str, Any]:

@@ -129,9 +129,11 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16)
 
 
 def _batch_sizes(batches: dict[str, dict[int, int]]) -> HistogramMetricFamily:
-    """Users per device call of the batched work (relay.max_rank_batch), per kind of work ("rank")."""
-    family = HistogramMetricFamily("relaygr_device_batch_size", "Users per device call of the ranks served from "
-                                   "device slots (relay.max_rank_batch).", labels=["work"])
+    """Users per device call of the batched work, per kind of work: "rank" (relay.max_rank_batch) and
+    "prefill_chunk" (relay.max_prefill_batch)."""
+    family = HistogramMetricFamily("relaygr_device_batch_size", "Users per device call of batched work: ranks "
+                                   "served from device slots (relay.max_rank_batch), prefill chunks "
+                                   "(relay.max_prefill_batch).", labels=["work"])
     for work, sizes in batches.items():
         cumulative = [(str(b), float(sum(n for size, n in sizes.items() if size <= b))) for b in BATCH_SIZE_BUCKETS]
         cumulative.append(("+Inf", float(sum(sizes.values()))))

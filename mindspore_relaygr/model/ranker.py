@@ -224,21 +224,27 @@ class RelayGRModel:
         self._slot_tokens[q.slot] = self._slot_tokens.get(q.slot, EMPTY_TOKENS).head(q.start_tok).then(new)
 
     def prefill_steps(self, slot: int, history: HistoryLike, chunk_len: int) -> Iterator[int]:
-        """Cache `history` in the empty `slot` in chunks of at most `chunk_len` tokens, each an
-        extension of the last (the first takes at least one event besides the user token). Yields the
-        events cached after each chunk: other device work may run in between (a graph call cannot be
-        interrupted, a chunk boundary can)."""
+        """Cache `history` in the empty `slot` in chunks of at most `chunk_len` tokens (`chunk_ends`), each an
+        extension of the last. Yields the events cached after each chunk: other device work may run in between
+        (a graph call cannot be interrupted, a chunk boundary can)."""
         hist = validate_history(self.cfg, history, "prefix_history")
-        if chunk_len < 1:
-            raise ValueError(f"chunk_len={chunk_len!r}: must be >= 1")
         start = 0
-        while start < len(hist):
-            # The first chunk carries the user token: every chunk stays within chunk_len tokens.
-            first = self._user_tokens if start == 0 else 0
-            end = min(len(hist), start + max(1, chunk_len - first))
+        for end in self.chunk_ends(len(hist), chunk_len):
             self.prefill(slot, hist.slice(0, end), start=start)
             start = end
             yield end
+
+    def chunk_ends(self, num_events: int, chunk_len: int) -> list[int]:
+        """The events cached after each chunk of a prefill of `num_events` events in chunks of at most
+        `chunk_len` tokens: the first chunk carries the user token and at least one event."""
+        if chunk_len < 1:
+            raise ValueError(f"chunk_len={chunk_len!r}: must be >= 1")
+        ends, start = [], 0
+        while start < num_events:
+            first = self._user_tokens if start == 0 else 0
+            start = min(num_events, start + max(1, chunk_len - first))
+            ends.append(start)
+        return ends
 
     @property
     def batched_ranking(self) -> bool:

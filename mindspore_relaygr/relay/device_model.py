@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from mindspore_relaygr.cache.hierarchy import SlotStore
 from mindspore_relaygr.history import History
-from mindspore_relaygr.model.inputs import CachedRank
+from mindspore_relaygr.model.inputs import CachedRank, PrefillChunk
 
 
 class SlotGeometry(Protocol):
@@ -33,8 +33,9 @@ class DeviceModel(SlotStore, Protocol):
     prefix_buckets: Sequence[int]  # prefix-graph lengths compiled (the chunk sizes a prefill may use)
 
     def ensure_host_arena(self, nbytes: int) -> float: ...
-    def warmup(self, max_chunk: int | None = None, max_batch: int = 1) -> Any: ...
-    def prefill_steps(self, slot: int, history: History, chunk_len: int) -> Iterator[int]: ...
+    def warmup(self, max_chunk: int | None = None, max_batch: int = 1, max_prefill_batch: int = 1) -> Any: ...
+    def chunk_ends(self, num_events: int, chunk_len: int) -> list[int]: ...  # events cached after each chunk
+    def prefill_batch(self, chunks: Sequence[PrefillChunk]) -> list[int]: ...  # one call, one slot per chunk
     def rank_full(self, history: History, candidate_ids: np.ndarray) -> np.ndarray: ...
     def rank_cached(self, slot: int, prefix_len: int, suffix_history: History,
                     candidate_ids: np.ndarray) -> np.ndarray: ...

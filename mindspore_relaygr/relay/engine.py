@@ -26,12 +26,20 @@ from mindspore_relaygr.cache import DRAMExpander, KVCacheManager
 from mindspore_relaygr.cache.hierarchy import SPILLED, CacheHit, RelayCache
 from mindspore_relaygr.cache.keys import CacheKey
 from mindspore_relaygr.config import RelayGRConfig
-from mindspore_relaygr.model.inputs import History, validate_candidates, validate_history
+from mindspore_relaygr.model.inputs import History, PrefillChunk, validate_candidates, validate_history
 from mindspore_relaygr.relay.audit import TOLERANCE as AUDIT_TOLERANCE
 from mindspore_relaygr.relay.audit import ExactnessAudit
 from mindspore_relaygr.relay.batching import RankForecast, delay_of_first_ms, queue_share
 from mindspore_relaygr.relay.device_model import CachedRank, DeviceModel
-from mindspore_relaygr.relay.executor import AUDIT, PREFILL, RANK, DeviceExecutor, ExecutorClosed, Outcome
+from mindspore_relaygr.relay.executor import (
+    AUDIT,
+    PREFILL,
+    RANK,
+    DeviceExecutor,
+    DeviceRequest,
+    ExecutorClosed,
+    Outcome,
+)
 from mindspore_relaygr.relay.latency import LatencyModel
 from mindspore_relaygr.relay.ledger import EXTEND, PENDING, PREFETCH, Relay, RelayLedger
 from mindspore_relaygr.relay.ledger import PREFILL as PREFILL_RELAY
@@ -120,7 +128,8 @@ class RelayEngine:
 
         model = model or RelayGRModel(config)
         if config.relay.warmup:
-            model.warmup(max_chunk=engine_chunk_bucket(model, config), max_batch=config.relay.max_rank_batch)
+            model.warmup(max_chunk=engine_chunk_bucket(model, config), max_batch=config.relay.max_rank_batch,
+                         max_prefill_batch=config.relay.max_prefill_batch)
         if config.trigger.latency_profile:
             latency = LatencyModel.from_json(config.trigger.latency_profile)
         else:
@@ -176,14 +185,20 @@ class RelayEngine:
                 chunk_ms = self.latency.predict_prefill_chunks_ms(len(hist) + self._user_tokens,
                                                                   self.config.trigger.prefill_chunk_len)
                 relay = self.ledger.admit(user_id, key, PREFILL_RELAY, chunk_ms)
-                self._submit(relay, self._prefill_steps(relay, hist), "prefill_chunk")
+                self._submit(relay, self._prefill_steps(relay, hist), "prefill_chunk",
+                             batched=self.config.relay.max_prefill_batch > 1)
         short_key = key.prefix_hash[:16] if decision.admitted else None
         return self._count_preinfer(PreinferResult(decision.admitted, decision.reason, short_key,
                                                    decision.predicted_full_ms))
 
-    def _submit(self, relay: Relay, steps: Generator[Any, None, Any], label: str) -> None:
-        """Queue a relay's device work (ledger lock held, so nobody sees the relay without its future)."""
-        relay.future = self.executor.submit_steps(self._settling(steps), PREFILL, label=label)
+    def _submit(self, relay: Relay, steps: Generator[Any, None, Any], label: str, batched: bool = False) -> None:
+        """Queue a relay's device work (ledger lock held, so nobody sees the relay without its future); `batched`:
+        its chunks are DeviceRequests that the device thread runs with other relays' (relay.max_prefill_batch)."""
+        if batched:
+            relay.future = self.executor.submit_batched_steps(self._settling(steps), self._prefill_batch_on_device,
+                                                              self.config.relay.max_prefill_batch, PREFILL, label)
+        else:
+            relay.future = self.executor.submit_steps(self._settling(steps), PREFILL, label=label)
         relay.future.add_done_callback(lambda f, r=relay: self._relay_done(r, f))
 
     def _relay_done(self, relay: Relay, future: Future) -> None:
@@ -207,16 +222,22 @@ class RelayEngine:
             self.work.prefill_no_slot += 1
             return
         self.ledger.start(relay.key)
+        batched = self.config.relay.max_prefill_batch > 1
         try:
             if self.cache.spills != spills:
                 yield SPILLED
             done = 0
-            for cached in self.model.prefill_steps(lease.slot, hist, self.config.trigger.prefill_chunk_len):
+            for end in self.model.chunk_ends(len(hist), self.config.trigger.prefill_chunk_len):
+                chunk = PrefillChunk(lease.slot, hist.slice(0, end), done)
+                if batched:  # the device thread runs it, with other relays' chunks, between two of our steps
+                    cached = yield DeviceRequest(chunk)
+                else:
+                    (cached,) = self.model.prefill_batch([chunk])
                 self.work.prefill_chunks += 1
                 self.work.prefill_events += cached - done
                 done = cached
                 self.ledger.step_done(relay.key)
-                if cached < len(hist):
+                if cached < len(hist) and not batched:
                     yield
         except BaseException:
             self.cache.abort(lease)
@@ -302,20 +323,35 @@ class RelayEngine:
         nbytes = self.model.layout.token_bytes * (key.prefix_len + self._user_tokens)
         return [nbytes / self.copy_bytes_per_s * 1e3 / layers] * layers
 
-    def _settling(self, steps: Generator[Any, None, Any]) -> Generator[Any, None, Any]:
-        """A relay's device steps, settling what each step dropped from the cache (its return value kept;
-        closing it closes `steps`, as `yield from` would)."""
+    def _settling(self, steps: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
+        """A relay's device steps, settling what each step dropped from the cache; what is sent or thrown in
+        reaches `steps` and its return value is kept (closing it closes `steps`, as `yield from` would)."""
         try:
+            sent, error = None, None
             while True:
                 try:
-                    step = next(steps)
+                    step = steps.throw(error) if error is not None else steps.send(sent)
                 except StopIteration as stop:
                     return stop.value
                 self._settle()
-                yield step
+                sent, error = None, None
+                try:
+                    sent = yield step
+                except GeneratorExit:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - a failed device request: `steps` decides
+                    error = exc
         finally:
             steps.close()
             self._settle()
+
+    def _prefill_batch_on_device(self, chunks: list[PrefillChunk]) -> list[Outcome]:
+        """Device thread: several relays' prefill chunks in one model call (relay.max_prefill_batch); an error
+        reaches every relay of the batch."""
+        try:
+            return [Outcome(events) for events in self.model.prefill_batch(chunks)]
+        except Exception as exc:  # noqa: BLE001 - each relay's generator gets it
+            return [Outcome(error=exc)] * len(chunks)
 
     def _settle(self) -> None:
         """Device thread: relays whose device entries the cache dropped leave the ledger (a READY relay

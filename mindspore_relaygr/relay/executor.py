@@ -68,6 +68,15 @@ class DeviceExecutor:
         """
         return self._put(priority, _Steps(steps, label))
 
+    def submit_batched_steps(self, steps: Iterator[Any], run: Callable[[list[Any]], list[Outcome]], max_batch: int,
+                             priority: int = PREFILL, label: str = "steps") -> Future:
+        """`submit_steps` for a generator whose device work comes as requests: it yields `DeviceRequest(payload)`
+        where it needs the device, and receives the result (or has the error thrown in). When its request comes
+        up, the thread takes the generators queued right behind it with the same `run` and priority, runs each to
+        its next request (their host work) and calls `run(payloads)` once for up to `max_batch` of them, which
+        returns one Outcome per payload, in order. Any other yield is a step boundary, as in `submit_steps`."""
+        return self._put(priority, _BatchedSteps(steps, run, max_batch, label))
+
     def step_stats(self) -> dict[str, dict[str, float]]:
         """Per task label: steps run and the longest single step (ms) since the last reset: what a
         rank queued behind that kind of work could have waited."""
@@ -205,15 +214,84 @@ class DeviceExecutor:
             else:
                 f.set_result(outcome.value)
 
+    def _advance(self, task: _BatchedSteps, future: Future) -> bool:
+        """Run `task` to its next request; False when it finished, failed (its future says which) or reached a
+        plain step boundary (it is queued again)."""
+        try:
+            done, value = task.advance()
+        except BaseException as exc:  # noqa: BLE001 - delivered to the waiting caller
+            self._finish(future)
+            future.set_exception(exc)
+            return False
+        if done:
+            self._finish(future)
+            future.set_result(value)
+            return False
+        if task.pending is None:
+            self._requeue(task, future)
+            return False
+        return True
+
+    def _requeue(self, task: _Task, future: Future) -> None:
+        """Back in the queue at its original sequence number: every rank queued meanwhile runs first."""
+        with self._lock:
+            if self._running is task:
+                self._running = None
+            self._enqueue(task, future)
+
+    def _run_batched_steps(self, first: _BatchedSteps, future: Future) -> None:
+        """One device call for the pending requests of `first` and of the request generators queued behind it."""
+        if first.pending is None and not self._advance(first, future):
+            return
+        batch = [(first, future)]
+        while len(batch) < first.max_batch:
+            try:
+                entry = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            _, _, ticket, task, other = entry
+            with self._lock:
+                stale = task is not None and ticket != task.ticket
+            if stale:
+                continue
+            if not (isinstance(task, _BatchedSteps) and task.run == first.run and task.priority == first.priority):
+                self._queue.put(entry)
+                break
+            if not (task.started or other.set_running_or_notify_cancel()):
+                with self._lock:
+                    self._live.pop(other, None)
+                continue
+            task.started = True
+            if task.pending is not None or self._advance(task, other):
+                batch.append((task, other))
+        sizes = self._batches.setdefault(first.label, {})
+        sizes[len(batch)] = sizes.get(len(batch), 0) + 1
+        with self._lock:
+            self._running_with = len(batch) - 1
+        try:
+            outcomes = first.run([task.pending for task, _ in batch])
+            if len(outcomes) != len(batch):
+                raise RuntimeError(f"a batch of {len(batch)} returned {len(outcomes)} outcomes")
+        except BaseException as exc:  # noqa: BLE001 - thrown into every generator of the batch
+            outcomes = [Outcome(error=exc)] * len(batch)
+        with self._lock:
+            self._running_with = 0
+        for (task, f), outcome in zip(batch, outcomes, strict=True):
+            task.pending, task.inbox = None, outcome
+            self._requeue(task, f)
+
     def _run(self) -> None:
         while True:
             task, future = self._next()
             if task is None:
                 break
-            if isinstance(task, _Batched):
+            if isinstance(task, (_Batched, _BatchedSteps)):
                 self._busy_since = start = self._clock()
                 try:
-                    self._run_batch(task, future)
+                    if isinstance(task, _Batched):
+                        self._run_batch(task, future)
+                    else:
+                        self._run_batched_steps(task, future)
                 finally:
                     self._busy_since = None
                     self._count_step(task.label, (self._clock() - start) * 1e3)
@@ -294,6 +372,45 @@ class _Steps(_Task):
         except StopIteration as stop:
             return True, stop.value
         return False, None
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    """Yielded by a generator of `DeviceExecutor.submit_batched_steps`: device work it needs (`payload`)."""
+
+    payload: Any
+
+
+class _BatchedSteps(_Task):
+    """A generator whose device work comes as DeviceRequests, run in batches by the device thread."""
+
+    def __init__(self, steps: Iterator[Any], run: Callable[[list[Any]], list[Outcome]], max_batch: int,
+                 label: str) -> None:
+        super().__init__(label)
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch!r}: must be >= 1")
+        self.steps, self.run, self.max_batch = steps, run, max_batch
+        self.pending: Any = None  # the payload of the request it waits on
+        self.inbox: Outcome | None = None  # the outcome of its last request, not yet sent in
+
+    def advance(self) -> tuple[bool, Any]:
+        """Resume the generator with its last outcome up to its next yield: (True, its return value) when it
+        ends, else (False, None) with `pending` set if it yielded a request."""
+        inbox, self.inbox = self.inbox, None
+        try:
+            if inbox is None:
+                out = next(self.steps)
+            elif inbox.error is not None:
+                out = self.steps.throw(inbox.error)
+            else:
+                out = self.steps.send(inbox.value)
+        except StopIteration as stop:
+            return True, stop.value
+        self.pending = out.payload if isinstance(out, DeviceRequest) else None
+        return False, None
+
+    def step(self) -> tuple[bool, Any]:  # never called: the thread runs these through _run_batched_steps
+        raise NotImplementedError
 
 
 def _joins(first: _Batched, members: list[_Batched], task: _Task) -> bool:

@@ -33,6 +33,7 @@ class FakeModel(FakeStore):
         self.cfg = config.model
         self.layout = FakeLayout(config.cache.max_prefix_len)
         self.batch_calls: list[int] = []  # the size of every rank_cached_batch call
+        self.prefill_calls: list[int] = []  # the size of every prefill_batch call
         self.version = config.model.version
         self.prefix_buckets = [b for b in config.model.len_buckets if b <= config.cache.max_prefix_len]
         self.events_computed = 0  # prefix events written by prefill (the work a relay saves or spends)
@@ -45,14 +46,12 @@ class FakeModel(FakeStore):
         self.events_computed += len(hist) - start
         return super().prefill(slot, hist, start)
 
-    def prefill_steps(self, slot: int, history: Any, chunk_len: int):
-        hist = validate_history(self.cfg, history)
-        start = 0
-        while start < len(hist):
-            end = min(len(hist), start + chunk_len)
-            self.prefill(slot, hist.slice(0, end), start=start)
-            start = end
-            yield end
+    def chunk_ends(self, num_events: int, chunk_len: int) -> list[int]:
+        return list(range(chunk_len, num_events, chunk_len)) + [num_events] if num_events else []
+
+    def prefill_batch(self, chunks):
+        self.prefill_calls.append(len(chunks))
+        return [self.prefill(c.slot, c.history, c.start) for c in chunks]
 
     def rank_full(self, history: Any, candidate_ids: Any) -> np.ndarray:
         hist = validate_history(self.cfg, history)

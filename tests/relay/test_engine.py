@@ -366,9 +366,33 @@ def test_a_rank_submitted_during_a_long_prefill_finishes_first(make_engine):
     assert finished == ["rank", "prefill"]
 
 
-@pytest.mark.parametrize("max_rank_batch", [1, 4])
-def test_eight_threads_never_crash_and_always_get_correct_scores(make_engine, model, max_rank_batch):
-    eng = make_engine("relay.inflight_wait_ms=5000", f"relay.max_rank_batch={max_rank_batch}")
+def test_prefills_admitted_together_are_batched_on_the_device_and_ranked_exactly(make_engine, model):
+    """relay.max_prefill_batch 4 on the tiny model: three relays admitted while the device is busy write their
+    chunks through the batched prefix graphs; every rank from their slots equals rank_full within R1."""
+    eng = make_engine("relay.max_prefill_batch=4")
+    users = {f"p{i}": hist(900 + i, 45 + 30 * i) for i in range(3)}  # 2, 3 and 4 chunks of 32 tokens
+    cands = np.arange(1, 17)
+    gate, running = threading.Event(), threading.Event()
+    eng.executor.submit(lambda: running.set() or gate.wait(30))
+    assert running.wait(30)
+    model.call_stats.reset()
+    for u, h in users.items():
+        assert eng.preinfer(u, h, num_candidates=16).admitted
+    gate.set()
+    eng.wait_prefills(120)
+    kinds = {row["kind"] for row in model.call_stats.slowest(100)}
+    assert {"prefix_batch", "extend_batch"} <= kinds and eng.executor.batch_stats()["prefill_chunk"].get(3) == 2
+    for u, h in users.items():
+        res = eng.rank(u, h, cands)
+        assert res.cache == "device"
+        assert float(np.abs(res.scores - expected(model, eng, h, cands)).max()) <= TOL
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_eight_threads_never_crash_and_always_get_correct_scores(make_engine, model, batch):
+    """Ranks and prefill chunks one per device call, and batched (relay.max_rank_batch, max_prefill_batch 4)."""
+    eng = make_engine("relay.inflight_wait_ms=5000", f"relay.max_rank_batch={batch}",
+                      f"relay.max_prefill_batch={batch}")
     users = {f"c{i}": hist(100 + i, 40 + 10 * i) for i in range(6)}
     cands = np.arange(1, 17)
     want = {u: expected(model, eng, h, cands) for u, h in users.items()}

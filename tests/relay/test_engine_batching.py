@@ -84,3 +84,38 @@ def test_max_batch_delay_ms_bounds_how_much_later_the_first_rank_finishes():
         assert eng.executor.batch_stats() == {"rank": {1: 2}}
     finally:
         eng.close()
+
+
+def test_prefills_queued_together_run_their_chunks_in_shared_calls_and_serve_exact_ranks():
+    """relay.max_prefill_batch 4: three pre-infers admitted while the device is busy prefill their 32-event chunks
+    together (chunk i of every relay in one prefill_batch call; the shorter histories drop out); each relay is
+    then served from its slot with exact scores."""
+    eng, _ = clocked_engine("relay.max_prefill_batch=4", "relay.max_rank_batch=4")
+    try:
+        gate, running = threading.Event(), threading.Event()
+        eng.executor.submit(lambda: running.set() or gate.wait(10))
+        assert running.wait(10)
+        users = {"a": hist(800, 100), "b": hist(801, 70), "c": hist(802, 40)}  # 4, 3 and 2 chunks of 32
+        for u, h in users.items():
+            assert eng.preinfer(u, h, num_candidates=10).admitted
+        gate.set()
+        eng.wait_prefills(10)
+        assert eng.model.prefill_calls == [3, 3, 2, 1]
+        assert eng.executor.batch_stats()["prefill_chunk"] == {1: 1, 2: 1, 3: 2}
+        stats = eng.stats().work
+        assert (stats.prefills, stats.prefill_chunks, stats.prefill_events) == (3, 9, 210)
+        for u, h in users.items():
+            result = eng.rank(u, h, CANDS)
+            assert result.cache == "device"
+            np.testing.assert_array_equal(result.scores, eng.model.rank_full(h, CANDS))
+    finally:
+        eng.close()
+
+
+def test_with_max_prefill_batch_1_every_chunk_is_its_own_call():
+    eng, _ = clocked_engine()
+    try:
+        relay(eng, "solo", hist(810, 70))
+        assert eng.model.prefill_calls == [1, 1, 1] and "prefill_chunk" not in eng.executor.batch_stats()
+    finally:
+        eng.close()

@@ -255,3 +255,65 @@ def test_each_item_gets_its_own_outcome_and_a_failing_run_fails_them_all():
             f.result(5)
     assert ex.depth() == 0
     ex.close()
+
+
+def _requests(name: str, chunks: int, log: list, catch: bool = False):
+    """A generator asking for `chunks` device calls (payload (name, i)), logging what each returned."""
+    from mindspore_relaygr.relay.executor import DeviceRequest
+
+    got = []
+    for i in range(chunks):
+        try:
+            got.append((yield DeviceRequest((name, i))))
+        except RuntimeError as exc:
+            if not catch:
+                raise
+            got.append(f"error {exc}")
+        log.append(f"{name}{i}")
+    return got
+
+
+def test_request_generators_queued_together_share_device_calls_and_get_their_own_results():
+    ex, calls, log = DeviceExecutor(), [], []
+
+    def run(payloads):
+        calls.append(list(payloads))
+        return [Outcome(f"{n}:{i}") for n, i in payloads]
+
+    gate, running = threading.Event(), threading.Event()
+    ex.submit(lambda: running.set() or gate.wait(5))
+    assert running.wait(5)
+    a = ex.submit_batched_steps(_requests("a", 2, log), run, max_batch=4, label="prefill")
+    b = ex.submit_batched_steps(_requests("b", 3, log), run, max_batch=4, label="prefill")
+    c = ex.submit_batched_steps(_requests("c", 1, log), run, max_batch=2, label="prefill")  # its own max: led by a
+    gate.set()
+    assert a.result(5) == ["a:0", "a:1"] and b.result(5) == ["b:0", "b:1", "b:2"] and c.result(5) == ["c:0"]
+    assert calls[0] == [("a", 0), ("b", 0), ("c", 0)]  # first's max_batch (4) rules the batch
+    assert calls[1:] == [[("a", 1), ("b", 1)], [("b", 2)]]
+    assert ex.batch_stats()["prefill"] == {1: 1, 2: 1, 3: 1} and ex.depth() == 0
+    ex.close()
+
+
+def test_a_rank_runs_between_two_batched_chunks_and_a_failed_call_reaches_every_generator():
+    ex, order, ranks = DeviceExecutor(), [], []
+
+    def run(payloads):
+        order.append(("run", [p[0] for p in payloads]))
+        if payloads[0][1] == 0:  # a rank arrives while the first chunks compute
+            ranks.append(ex.submit(lambda: order.append(("rank",)), RANK))
+            return [Outcome(p) for p in payloads]
+        raise RuntimeError("device lost")
+
+    gate, running = threading.Event(), threading.Event()
+    ex.submit(lambda: running.set() or gate.wait(5))
+    assert running.wait(5)
+    caught = ex.submit_batched_steps(_requests("x", 2, [], catch=True), run, max_batch=4)
+    failed = ex.submit_batched_steps(_requests("y", 2, []), run, max_batch=4)
+    gate.set()
+    assert caught.result(5) == [("x", 0), "error device lost"]
+    with pytest.raises(RuntimeError, match="device lost"):
+        failed.result(5)
+    ranks[0].result(5)
+    assert order == [("run", ["x", "y"]), ("rank",), ("run", ["x", "y"])]
+    assert ex.depth() == 0
+    ex.close()
