@@ -166,29 +166,39 @@ class DeviceExecutor:
             self._live.pop(future, None)
             self._running = None
 
-    def _batch_behind(self, first: _Batched) -> list[tuple[_Batched, Future]]:
-        """The tasks queued right behind `first` that join its batch (same run function and priority), taken
-        off the queue; stops at the first entry that does not match (it goes back), so order is kept."""
-        members: list[tuple[_Batched, Future]] = []
-        while len(members) + 1 < first.max_batch:
+    def _queued_behind(self, matches: Callable[[_Task], bool]) -> Iterator[tuple[Any, Future]]:
+        """The tasks queued right behind the running one that `matches` accepts, taken off the queue in order
+        (stale entries skipped, cancelled tasks dropped); it stops at the first one it does not accept, which
+        goes back, and takes nothing more once the caller stops iterating."""
+        while True:
             try:
                 entry = self._queue.get_nowait()
             except queue.Empty:
-                break
+                return
             _, _, ticket, task, future = entry
             with self._lock:
                 stale = task is not None and ticket != task.ticket
             if stale:
                 continue  # superseded by a boost
-            if not _joins(first, [m for m, _ in members], task):
+            if not matches(task):
                 self._queue.put(entry)
-                break
-            if future.set_running_or_notify_cancel():
+                return
+            if task.started or future.set_running_or_notify_cancel():
                 task.started = True
-                members.append((task, future))
+                yield task, future
             else:
                 with self._lock:
                     self._live.pop(future, None)
+
+    def _batch_behind(self, first: _Batched) -> list[tuple[_Batched, Future]]:
+        """The tasks queued right behind `first` that join its batch (same run function and priority), taken
+        off the queue; stops at the first entry that does not match (it goes back), so order is kept."""
+        members: list[tuple[_Batched, Future]] = []
+        if first.max_batch > 1:
+            for member in self._queued_behind(lambda task: _joins(first, [m for m, _ in members], task)):
+                members.append(member)
+                if len(members) + 1 >= first.max_batch:
+                    break
         with self._lock:
             self._running_with = len(members)
         return members
@@ -244,26 +254,15 @@ class DeviceExecutor:
         if first.pending is None and not self._advance(first, future):
             return
         batch = [(first, future)]
-        while len(batch) < first.max_batch:
-            try:
-                entry = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            _, _, ticket, task, other = entry
-            with self._lock:
-                stale = task is not None and ticket != task.ticket
-            if stale:
-                continue
-            if not (isinstance(task, _BatchedSteps) and task.run == first.run and task.priority == first.priority):
-                self._queue.put(entry)
-                break
-            if not (task.started or other.set_running_or_notify_cancel()):
-                with self._lock:
-                    self._live.pop(other, None)
-                continue
-            task.started = True
-            if task.pending is not None or self._advance(task, other):
-                batch.append((task, other))
+        if first.max_batch > 1:
+            def same(task: _Task) -> bool:
+                return isinstance(task, _BatchedSteps) and task.run == first.run and task.priority == first.priority
+
+            for task, other in self._queued_behind(same):
+                if task.pending is not None or self._advance(task, other):
+                    batch.append((task, other))
+                if len(batch) >= first.max_batch:
+                    break
         sizes = self._batches.setdefault(first.label, {})
         sizes[len(batch)] = sizes.get(len(batch), 0) + 1
         with self._lock:
