@@ -89,8 +89,8 @@ def test_rank_after_preinfer_is_served_from_the_cache(make_engine, model):
 def test_rank_during_the_prefill_waits_for_it_and_only_one_prefill_runs(make_engine, model):
     eng = make_engine("relay.inflight_wait_ms=10000")
     calls = []
-    original = model.prefill
-    model.prefill = lambda *a, **k: calls.append(a[0]) or original(*a, **k)
+    original = model.prefill_batch
+    model.prefill_batch = lambda chunks: calls.append(len(chunks)) or original(chunks)  # one chunk per call
     try:
         gate = threading.Event()
         eng.executor.submit(lambda: gate.wait(10))  # hold the device so the prefill is still queued
@@ -103,7 +103,7 @@ def test_rank_during_the_prefill_waits_for_it_and_only_one_prefill_runs(make_eng
             gate.set()
             res = ranked.result(60)
     finally:
-        model.prefill = original
+        model.prefill_batch = original
     assert res.cache == "inflight" and res.timings_ms["wait"] > 0
     np.testing.assert_allclose(res.scores, expected(model, eng, h, cands), atol=TOL, rtol=0)
     assert eng.stats().work.prefills == 1 and len(calls) == 4
@@ -152,17 +152,17 @@ def test_a_prefill_that_progressed_while_the_rank_waited_is_boosted_then_not_aba
                             *(LatencyPoint("prefill", n, 0, 0, 60.0 * n / 32) for n in (32, 64, 96, 128))])
     eng = RelayEngine(load_config(CONFIGS / "tiny.yaml", [*BASE, "relay.inflight_wait_ms=1500"]), model, profile)
     rank_judged, chunk_gate, calls = threading.Event(), threading.Event(), []
-    original = model.prefill
+    original = model.prefill_batch
 
-    def prefill(*a, **k):
-        calls.append(a[0])
+    def prefill_batch(chunks):
+        calls.append(len(chunks))
         if len(calls) == 1:  # no chunk is done when the rank is first judged
             rank_judged.wait(30)
         if len(calls) == 3:  # the third chunk holds the device until the rank has been judged again
             chunk_gate.wait(30)
-        return original(*a, **k)
+        return original(chunks)
 
-    model.prefill = prefill
+    model.prefill_batch = prefill_batch
     try:
         h, cands = hist(24, 120), np.arange(1, 11)
         assert eng.preinfer("d", h).admitted
@@ -182,7 +182,7 @@ def test_a_prefill_that_progressed_while_the_rank_waited_is_boosted_then_not_aba
     finally:
         rank_judged.set()
         chunk_gate.set()
-        model.prefill = original
+        model.prefill_batch = original
         eng.close()
 
 
