@@ -228,9 +228,9 @@ def batched_candidate_input_specs(config: RelayGRConfig, users: int, past: int, 
 
 def export_batch_buckets(config: RelayGRConfig) -> list[int]:
     """The batch buckets (> 1) a bundle exports: up to the one holding relay.max_rank_batch users."""
-    buckets = config.model.batch_buckets
-    top = next((b for b in buckets if b >= config.relay.max_rank_batch), buckets[-1])
-    return [b for b in buckets if 1 < b <= top]
+    from mindspore_relaygr.model.inputs import buckets_up_to
+
+    return [b for b in buckets_up_to(config.model.batch_buckets, config.relay.max_rank_batch) if b > 1]
 
 
 def mindir_plan(config: RelayGRConfig, all_buckets: bool = False) -> dict[str, dict[str, Any]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -29,6 +30,13 @@ class GraphInput:
     name: str
     dtype: str
     axes: tuple[str, ...]
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return _DTYPES[self.dtype]
+
+
+_DTYPES = {name: np.dtype(name) for name in ("int32", "int64", "float32", "bool")}
 
 
 def _inputs(*specs: tuple[str, str, tuple[str, ...]]) -> tuple[GraphInput, ...]:
@@ -72,6 +80,7 @@ GRAPHS = ("full", "prefix", "extend", "candidate", "candidate_batch", "prefix_ba
           "export_candidate", "export_candidate_batch")
 
 
+@cache  # the ranker checks every graph call against it: built once per (graph, backend kind)
 def graph_inputs(graph: str, reads_views: bool = False) -> tuple[GraphInput, ...]:
     """The inputs of `graph` in call order; `reads_views`: the model's backend reads pool slots through views
     (changes how the pool graphs take a cached prefix)."""
@@ -127,6 +136,6 @@ def check_inputs(graph: str, arrays: Sequence[np.ndarray], reads_views: bool = F
     if len(arrays) != len(expected):
         raise ValueError(f"{graph}: {len(arrays)} inputs, expected {len(expected)} ({[x.name for x in expected]})")
     for x, a in zip(expected, arrays, strict=True):
-        if a.dtype != np.dtype(x.dtype) or a.ndim != len(x.axes):
+        if a.dtype != x.np_dtype or a.ndim != len(x.axes):
             raise ValueError(f"{graph} input {x.name!r}: {a.dtype} with {a.ndim} axes, expected {x.dtype} "
                              f"with axes {x.axes}")

@@ -36,6 +36,12 @@ def bucket_for(n: int, buckets: Sequence[int], what: str) -> int:
     raise InvalidRequest(what, f"length {n} exceeds the largest bucket {buckets[-1]}")
 
 
+def buckets_up_to(buckets: Sequence[int], n: int) -> list[int]:
+    """The buckets (ascending) a batch of at most `n` can pad to: those below n and the smallest holding n."""
+    holding = [b for b in buckets if b >= n][:1]
+    return [b for b in buckets if b < n] + holding
+
+
 def _int_array(name: str, value: Any, dtype: type) -> np.ndarray:
     arr = np.asarray(value)
     if arr.ndim != 1:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from mindspore_relaygr.model.inputs import synthetic_history
+from mindspore_relaygr.model.inputs import buckets_up_to, synthetic_history
 from mindspore_relaygr.relay.latency import LatencyModel
 
 
@@ -75,11 +75,6 @@ def calibrate_latency(model: Any, prefill_chunk_len: int, repeats: int = 3, slot
         model.release_slot(slot)
 
 
-def batch_buckets_up_to(buckets: list[int], max_batch: int) -> list[int]:
-    """The batch buckets a batch of at most `max_batch` users can pad to."""
-    return [b for b in buckets if b < max_batch] + [next((b for b in buckets if b >= max_batch), buckets[-1])]
-
-
 def measure_batch_factors(model: Any, prefill_chunk_len: int, max_batch: int, repeats: int = 3,
                           slot: int = 0) -> dict[int, float]:
     """Per batch bucket B up to the one holding `max_batch` users: the median time of one `rank_cached_batch`
@@ -110,7 +105,7 @@ def measure_batch_factors(model: Any, prefill_chunk_len: int, max_batch: int, re
     single = median_ms(model.rank_cached, request.slot, request.prefix_len, request.suffix_history,
                        request.candidate_ids)
     factors = {1: 1.0}
-    for bucket in batch_buckets_up_to(list(cfg.batch_buckets), max_batch):
+    for bucket in buckets_up_to(cfg.batch_buckets, max_batch):
         if bucket > 1:
             factors[bucket] = median_ms(model.rank_cached_batch, [request] * bucket) / (bucket * single)
     return factors

@@ -7,16 +7,17 @@ from pathlib import Path
 import pytest
 
 from mindspore_relaygr.config import load_config
-from mindspore_relaygr.relay.calibrate import batch_buckets_up_to, measure_batch_factors
+from mindspore_relaygr.model.inputs import buckets_up_to
+from mindspore_relaygr.relay.calibrate import measure_batch_factors
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def test_the_batch_buckets_a_batch_can_pad_to():
-    assert batch_buckets_up_to([1, 2, 4, 8], 1) == [1]
-    assert batch_buckets_up_to([1, 2, 4, 8], 3) == [1, 2, 4]
-    assert batch_buckets_up_to([1, 2, 4, 8], 4) == [1, 2, 4]
-    assert batch_buckets_up_to([1, 2, 4, 8], 8) == [1, 2, 4, 8]
+    assert buckets_up_to([1, 2, 4, 8], 1) == [1]
+    assert buckets_up_to([1, 2, 4, 8], 3) == [1, 2, 4]
+    assert buckets_up_to([1, 2, 4, 8], 4) == [1, 2, 4]
+    assert buckets_up_to([1, 2, 4, 8], 8) == [1, 2, 4, 8]
 
 
 @pytest.mark.slow
