@@ -53,6 +53,7 @@ def post_fork(server, worker):
     background."""
     worker.client_timeout_s = _settings.client_timeout_s
     worker.request_timeout_s = _settings.request_timeout_s
+    worker.max_content_length = _settings.max_content_length
     worker.drain_s = _settings.drain_s
     logging.basicConfig(level=_settings.log_level.upper(), stream=sys.stderr,
                         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")

@@ -28,6 +28,11 @@ _FORBIDDEN_IN_USER_ID = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 # A user id needs one character that shows: a letter, mark, number, punctuation or symbol (Unicode categories
 # L, M, N, P, S). Ids of spaces, zero-width or format characters alone (U+200B, U+FEFF) look empty in every log.
 _VISIBLE_CATEGORIES = frozenset("LMNPS")
+# Characters of those categories that render as nothing: Unicode's Default_Ignorable_Code_Point outside the
+# format and control categories (variation selectors, the combining grapheme joiner, the Hangul fillers,
+# Mongolian variation selectors, ...; DerivedCoreProperties.txt) and the blank braille pattern U+2800.
+_BLANK_VISIBLE = re.compile("[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\ufe00-\ufe0f\uffa0"
+                            "\U000e0000-\U000e0fff]")
 MAX_SHOWN_NAME = 64  # unknown field names are echoed back at most this long
 
 
@@ -154,7 +159,7 @@ def _check_user_id(user_id: str, field: str) -> None:
     at least one visible character."""
     if not 1 <= len(user_id) <= MAX_USER_ID_LEN or _FORBIDDEN_IN_USER_ID.search(user_id):
         raise InvalidRequest(field, f"must be 1..{MAX_USER_ID_LEN} characters without control characters")
-    if not any(unicodedata.category(ch)[0] in _VISIBLE_CATEGORIES for ch in user_id):
+    if not any(unicodedata.category(ch)[0] in _VISIBLE_CATEGORIES and not _BLANK_VISIBLE.match(ch) for ch in user_id):
         raise InvalidRequest(field, "must contain a visible character (a letter, digit, punctuation or symbol), "
                                     "not only spaces or invisible characters")
 

@@ -14,7 +14,8 @@ that never close stall the loop that accepts and dispatches everyone else. This 
 * answers gunicorn's own errors (request line or headers too large, malformed headers, a malformed
   chunked body) in the API's JSON shape `{"error": ..., "field": ...}`, with gunicorn's status codes;
 * refuses what nginx refuses in front of a cluster (serving/framing.py): a transfer coding other than
-  chunked (501), a chunk size no body can have (400), before the app waits for it;
+  chunked (501), a chunk size no body can have (400), chunks announcing more than
+  `serving.max_content_length` (413), before the app waits for their bytes;
 * drains on SIGTERM: for `serving.drain_s` it keeps serving while /readyz answers 503 (`on_drain`) and
   every answer closes its connection; then it stops accepting without resetting a connection that
   already connected (serving/drain.py), closes its idle connections, finishes what it accepted and exits
@@ -68,11 +69,11 @@ from gunicorn.http.message import Request
 from gunicorn.http.unreader import SocketUnreader
 from gunicorn.http.wsgi import Response, default_environ
 from gunicorn.workers.gthread import TConn, ThreadWorker
-from werkzeug.exceptions import BadRequest, RequestTimeout
+from werkzeug.exceptions import BadRequest, RequestEntityTooLarge, RequestTimeout
 
 from mindspore_relaygr.config import ServingConfig
 from serving import drain
-from serving.framing import bound_chunks, check_transfer_coding
+from serving.framing import ChunkedBodyTooLarge, bound_chunks, check_transfer_coding
 
 # The client errors of gunicorn's Worker.handle_error, with its status codes; anything else is a 500.
 CLIENT_ERRORS: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
@@ -212,6 +213,9 @@ class AppInput:
                                      f"(serving.request_timeout_s)") from exc
             raise RequestTimeout(f"the request body stalled for {self._limits.idle_s:g} s "
                                  f"(serving.client_timeout_s)") from exc
+        except ChunkedBodyTooLarge as exc:
+            self._fail()
+            raise RequestEntityTooLarge(str(exc)) from exc
         except ParseException as exc:
             self._fail()
             raise BadRequest(f"malformed request body ({exc})") from exc
@@ -227,6 +231,7 @@ class RelayGRWorker(ThreadWorker):
     # the instance's own: set by gunicorn.conf.py's post_fork
     client_timeout_s = ServingConfig.client_timeout_s
     request_timeout_s = ServingConfig.request_timeout_s
+    max_content_length = ServingConfig.max_content_length
     drain_s = ServingConfig.drain_s
     on_drain: Callable[[], None] = staticmethod(lambda: None)  # makes /readyz fail
 
@@ -326,7 +331,7 @@ class RelayGRWorker(ThreadWorker):
     def handle_request(self, req: Request, conn: TimedConn) -> bool:
         """ThreadWorker.handle_request with the body as AppInput while the app runs."""
         check_transfer_coding(req)  # raised here, it is answered by handle_error and the connection closes
-        bound_chunks(req)
+        bound_chunks(req, self.max_content_length)
         if self._drain_started is not None:
             req.force_close()  # draining: "Connection: close", the client's next request goes elsewhere
         body = req.body

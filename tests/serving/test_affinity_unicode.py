@@ -95,7 +95,8 @@ def test_preinfer_and_rank_with_a_unicode_user_id(client, fake_engine, user_id, 
     assert resp.headers[headers.CACHE] == "device"  # the rank found the pre-infer's entry: same user key
 
 
-@pytest.mark.parametrize("user_id", ["a\u200b", "\u200b.", " 7 ", "\u0301", "\U0001f642\ufeff"], ids=repr)
+@pytest.mark.parametrize("user_id", ["a\u200b", "\u200b.", " 7 ", "\u0301", "\U0001f642\ufeff", "\u2764\ufe0f",
+                                     "\u3164\ud55c"], ids=repr)
 def test_one_visible_character_makes_a_user_id(client, fake_engine, user_id):
     assert post(client, "/v1/rank", rank_body(user_id), encode_affinity(user_id)).status_code == 200
     assert fake_engine.calls[-1] == ("rank", user_id)
@@ -139,6 +140,7 @@ def test_a_header_that_is_not_percent_encoded_utf8_is_a_400_naming_it(client, fa
     ("\ufeff \u00a0", None, "user_id"),  # byte order mark, spaces
     (None, encode_affinity("\u200b\u200d"), headers.AFFINITY),
     (None, "%20", headers.AFFINITY),
+    (None, encode_affinity("\ufe0f\u3164"), headers.AFFINITY),  # a variation selector and a Hangul filler
 ])
 def test_mismatched_or_invalid_ids_are_400s(client, fake_engine, body_id, affinity, field):
     body = rank_body(body_id)

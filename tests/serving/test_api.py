@@ -297,6 +297,10 @@ ERRORS = [
     ("BOM user_id", "POST", "/v1/rank", _with(R, ["user_id"], "\ufeff"), {}, 400, "user_id"),
     ("space user_id", "POST", "/v1/rank", _with(R, ["user_id"], " "), {}, 400, "user_id"),
     ("invisible user_id", "POST", "/v1/rank", _with(R, ["user_id"], "\u200b\u3000\u2028\u00a0"), {}, 400, "user_id"),
+    # letters, marks and symbols that render as nothing: variation selector, Hangul fillers, blank braille
+    ("variation selector user_id", "POST", "/v1/rank", _with(R, ["user_id"], "\ufe0f"), {}, 400, "user_id"),
+    ("Hangul filler user_id", "POST", "/v1/rank", _with(R, ["user_id"], "\u3164 \u115f\uffa0"), {}, 400, "user_id"),
+    ("blank braille user_id", "POST", "/v1/rank", _with(R, ["user_id"], "\u2800\u034f"), {}, 400, "user_id"),
     ("affinity mismatch", "POST", "/v1/rank", R, {headers.AFFINITY: "someone-else"}, 400, "user_id"),
     ("affinity too long", "POST", "/v1/rank", R, {headers.AFFINITY: "a" * 300}, 400, headers.AFFINITY),
     ("missing history", "POST", "/v1/preinfer", _with(P, ["history"], DROP), {}, 400, "history"),
