@@ -2,7 +2,8 @@
 
 test_exactness.py checks the paths against each other (cached == full), so a mistake they share (a bucket, a
 mask, the token layout) passes there; here each path is checked against the design's math, on both backends
-(fused_cpu: the fused CPU kernels; plain: MindSpore ops) and on the training forward.
+(fused_cpu: the fused CPU kernels; plain: MindSpore ops), on the batched paths (several users in one graph call:
+rank_cached_batch, prefill_batch) and on the training forward.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 from mindspore_relaygr import load_config
 from mindspore_relaygr.history import History
+from mindspore_relaygr.model.ranker import CachedRank, PrefillChunk
 from tests.conftest import CONFIGS, random_history, split_history
 from tests.model import hstu_numpy
 from tests.model.conftest import randomize_weights
@@ -24,9 +26,10 @@ pytestmark = pytest.mark.slow
 # Tolerance on logits. The model runs in fp32 (relative rounding ~6e-8 per op), the oracle in float64: over the
 # tiny config's 2 layers (LayerNorms, SiLUs, sums of up to 128 attention terms) and the engage logit's 1 /
 # temperature = 20x, the largest |model - oracle| measured on the paths below is 8.0e-6 (plain ops, chunked
-# prefill, 30 candidates; fused kernels 5.0e-6; training forward 2.6e-6, its final states 5.4e-6) on logits
-# of spread ~1-3 (O(1) weights from randomize_weights). 3e-5 is ~4x that, while one relative-bias bucket off
-# moves logits by ~0.5 (test_a_one_bucket_error_is_far_above_the_tolerance): four orders of magnitude above it.
+# prefill, 30 candidates; the batched calls 7.6e-6; fused kernels 5.0e-6; training forward 2.6e-6, its final
+# states 5.4e-6) on logits of spread ~1-3 (O(1) weights from randomize_weights). 3e-5 is ~4x that, while one
+# relative-bias bucket off moves logits by ~0.5 (test_a_one_bucket_error_is_far_above_the_tolerance): four orders
+# of magnitude above it.
 ATOL = 3e-5
 BACKENDS = ("fused_cpu", "plain")
 USER = [1, 3]
@@ -38,7 +41,7 @@ def build_model(backend: str):
     from mindspore_relaygr.model import RelayGRModel
 
     cfg = load_config(CONFIGS / "tiny.yaml", [f"model.fused_kernels={str(backend == 'fused_cpu').lower()}",
-                                              "cache.num_slots=2"])
+                                              "cache.num_slots=4", "model.batch_buckets=[1,2,4]"])
     model = RelayGRModel(cfg)
     assert model.backend.name == backend, f"backend {backend!r} not built (are the CPU kernels buildable?)"
     randomize_weights(model, seed=1)
@@ -122,6 +125,54 @@ def test_a_prefix_extended_from_a_later_start(model, oracle):
         cands = rng.integers(1, 201, m)
         got = model.rank_cached(0, 62, events(h, 62, 62 + suffix), cands, logits=True)
         assert_close(got, oracle.logits(first(h, 62 + suffix), cands), f"extended to 62, suffix of {suffix}")
+
+
+def test_rank_cached_batch_matches_for_every_user_of_a_batch(model, oracle):
+    """Three users in one batched call (batch bucket 4: one padding user), each padded to the batch's largest
+    past, suffix and candidate buckets: a one-shot prefix with a suffix, a short prefix with an empty suffix
+    and many candidates, an extended prefix read for fewer events than it holds; then two users in smaller
+    buckets (batch bucket 2)."""
+    rng = np.random.default_rng(6)
+    hs = [random_history(rng, 70, user_features=USER) for _ in range(3)]
+    for slot in range(3):
+        model.release_slot(slot)
+    model.prefill(0, first(hs[0], 60))
+    model.prefill(1, first(hs[1], 20))
+    model.prefill(2, first(hs[2], 30))
+    model.prefill(2, first(hs[2], 62), start=30)
+    # (slot, events read from the slot, events ranked, candidates)
+    batches = [[(0, 60, 66, 5), (1, 20, 20, 30), (2, 50, 58, 1)], [(1, 12, 15, 3), (0, 20, 20, 8)]]
+    for batch in batches:
+        cands = [rng.integers(1, 201, m) for *_, m in batch]
+        requests = [CachedRank(slot, held, events(hs[slot], held, end), c)
+                    for (slot, held, end, _), c in zip(batch, cands, strict=True)]
+        got = model.rank_cached_batch(requests, logits=True)
+        assert len(got) == len(batch)
+        for (slot, held, end, m), c, g in zip(batch, cands, got, strict=True):
+            assert_close(g, oracle.logits(first(hs[slot], end), c), f"batched rank: slot {slot}, {held} + "
+                                                                     f"{end - held} events, m={m}")
+
+
+def test_prefill_batch_caches_what_the_oracle_ranks(model, oracle):
+    """prefill_batch of first chunks mixed with an extension (one graph call), then of two extensions over
+    different past buckets; every slot is then ranked (rank_cached) against the oracle."""
+    rng = np.random.default_rng(7)
+    hs = [random_history(rng, 70, user_features=USER) for _ in range(3)]
+    for slot in range(3):
+        model.release_slot(slot)
+    model.prefill(2, first(hs[2], 25))
+    rounds = [[PrefillChunk(0, first(hs[0], 40)), PrefillChunk(1, first(hs[1], 20)),
+               PrefillChunk(2, first(hs[2], 55), 25)],
+              [PrefillChunk(0, first(hs[0], 62), 40), PrefillChunk(1, first(hs[1], 45), 20)]]
+    for chunks in rounds:
+        assert model.prefill_batch(chunks) == [len(c.history["item_ids"]) for c in chunks]
+        for c in chunks:
+            held = len(c.history["item_ids"])
+            for m, suffix in ((6, SUFFIX), (20, 0)):
+                cands = rng.integers(1, 201, m)
+                got = model.rank_cached(c.slot, held, events(hs[c.slot], held, held + suffix), cands, logits=True)
+                assert_close(got, oracle.logits(first(hs[c.slot], held + suffix), cands),
+                             f"batched prefill: slot {c.slot} from {c.start} to {held}, suffix of {suffix}")
 
 
 def test_the_training_forward_matches(model, oracle):

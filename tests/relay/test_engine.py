@@ -261,6 +261,7 @@ def test_a_prefill_that_spills_an_evicted_slot_does_it_in_a_device_step_of_its_o
     s0 = validate_history(model.cfg, users["s0"])
     assert eng.cache.locate("s0", s0)[0] == "dram"
     res = eng.rank("s0", users["s0"], cands)
+    assert res.cache == "dram"  # reloaded from its spilled copy, not recomputed
     np.testing.assert_allclose(res.scores, expected(model, eng, users["s0"], cands), atol=TOL, rtol=0)
 
 

@@ -170,8 +170,14 @@ def test_clients_that_never_close_do_not_stall_the_instance(tmp_path):
 
 
 @pytest.mark.slow
-def test_sixteen_stalled_clients_never_reach_an_instance_behind_nginx(tmp_path):
-    with cluster(tmp_path, 1, engine_factory=FAKE_FACTORY) as (url, proc, run_dir, port), stalled_clients(port):
+def test_stalled_clients_behind_nginx_never_reach_an_instance(tmp_path):
+    """nginx reads a whole request before it passes it on. Sixteen stalled clients (eight inside their body)
+    against an instance of four threads, with every timeout (the instance's and nginx's) longer than the test:
+    had nginx passed the stalled bodies on, they would hold all four threads and the patient client's requests
+    would wait behind them until its socket timeout."""
+    overrides = ("serving.threads=4", "serving.client_timeout_s=600", "serving.request_timeout_s=600")
+    with cluster(tmp_path, 1, overrides=overrides, engine_factory=FAKE_FACTORY,
+                 extra_args=("--client-timeout", "600")) as (url, proc, run_dir, port), stalled_clients(port):
         assert_serving(url)
 
 
