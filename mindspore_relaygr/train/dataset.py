@@ -143,6 +143,11 @@ def prepare_data(config: RelayGRConfig, interactions: Interactions | None = None
     config = sized_config(config, data)
     sequences = build_sequences(data, with_user_features=config.model.has_user_token, tie_seed=config.data.tie_seed)
     split = leave_one_out(sequences, config.data.min_events)
+    if not split.test:
+        longest = max((len(s) for s in sequences.values()), default=0)
+        fix = "lower it (at least 3)" if longest >= 3 else "a user needs 3 (train, validation, test)"
+        raise ConfigError(f"data.min_events={config.data.min_events}: no user of {data.source} has that many events "
+                          f"(the most is {longest}): {fix}")
     logger.info("data: %d users (%d evaluated), %d items, %d events", data.num_users, len(split.test),
                 data.num_items, len(data))
     return PreparedData(data, split, max_history_len(config), config.data.num_eval_negatives, config.data.eval_seed,
