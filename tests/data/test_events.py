@@ -4,6 +4,7 @@ bad input as a one-line `relaygr: error:` naming the file, the line, the column 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -240,3 +241,34 @@ def test_a_data_error_from_the_installed_command_is_one_line(tmp_path):
 
 def test_data_errors_are_relaygr_errors():
     assert issubclass(DataError, ValueError)  # callers catching ValueError (the loaders' old errors) still do
+
+
+@pytest.mark.slow
+def test_eval_and_export_refuse_data_that_numbers_ids_otherwise_than_the_training_data(tmp_path, capsys):
+    """Training records what its ids mean (vocabulary.json); a log of the same sizes whose items or event types
+    differ (an item swapped for another) would silently give every id after it another meaning."""
+    from serving.cli import main
+
+    lines = [HEADER, *(f"u{u},sku-{(u + k) % 8 + 1},{1740823200 + 100 * k},{('click', 'cart', 'buy')[k % 3]},"
+                       f"{('new', 'regular', 'vip')[u % 3]}" for u in range(1, 5) for k in range(5))]
+    path, run = write(tmp_path / "shop.csv", lines), tmp_path / "run"
+    small = ["-o", "data.num_eval_negatives=2", "-o", "train.num_negatives=2", "-o", "train.negative_pool=2"]
+    assert main(["train", "--config", "event_log", "--output-dir", str(run), "-o", f"data.path={path}",
+                 "-o", "train.epochs=1", *small]) == 0
+    record = json.loads((run / "vocabulary.json").read_text())
+    assert record["items"] == 8 and record["event_types"] == ["buy", "cart", "click"]
+    assert record["user_features"] == {"segment": ["new", "regular", "vip"]}
+    capsys.readouterr()
+    evaluate = ["eval", "--checkpoint", str(run / "best.ckpt"), "--no-baselines", "--max-users", "1"]
+    assert main([*evaluate, "-o", f"data.path={path}"]) == 0  # the training data itself
+    capsys.readouterr()
+    swapped = write(tmp_path / "swapped.csv", [line.replace("sku-8", "sku-9") for line in lines])  # still 8 items
+    line = _one_error_line([*evaluate, "-o", f"data.path={swapped}"], capsys)
+    assert line.startswith(f"relaygr: error: events:{swapped}: its item ids are not those checkpoint "
+                           f"{run / 'best.ckpt'} was trained on (events:{path}, recorded in "), line
+    renamed = write(tmp_path / "renamed.csv", [line.replace("cart", "wish") for line in lines])
+    line = _one_error_line(["export", "--checkpoint", str(run / "best.ckpt"), "--out-dir", str(tmp_path / "b"),
+                            "-o", f"data.path={renamed}", "-o", "data.label_events=[buy]"], capsys)
+    assert "its event types are not those checkpoint" in line and "['buy', 'cart', 'click'] then, ['buy', 'click'," \
+        " 'wish'] now" in line, line
+    assert not (tmp_path / "b").exists()
