@@ -166,20 +166,30 @@ def parse_timestamps(path: Path, lines: np.ndarray, column: str, texts: list[str
     bad = np.flatnonzero((values < 0) | (values >= MAX_TIMESTAMP))
     if bad.size:
         k = int(bad[0])
-        hint = " (milliseconds? the model takes seconds)" if values[k] >= MAX_TIMESTAMP else ""
-        raise data_error(path, int(lines[k]), column, f"{shown(texts[k])} is outside [0, 2^40) unix seconds{hint}")
+        raise _out_of_range(path, int(lines[k]), column, texts[k], int(values[k]))
     return values
+
+
+def _out_of_range(path: Path, line: int, column: str, text: str, value: int) -> DataError:
+    hint = " (milliseconds? the model takes seconds)" if value >= MAX_TIMESTAMP else ""
+    return data_error(path, line, column, f"{shown(text)} is outside [0, 2^40) unix seconds{hint}")
 
 
 def _timestamp(path: Path, line: int, column: str, text: str) -> int:
     value = parse_int(text.strip())
     if value is not None:
+        if not 0 <= value < MAX_TIMESTAMP:  # checked here too: beyond int64 it would not reach the array check
+            raise _out_of_range(path, line, column, text, value)
         return value
     try:
         when = dt.datetime.fromisoformat(text.strip())
     except ValueError:
-        raise data_error(path, line, column, f"{shown(text)} is neither unix seconds nor an ISO 8601 date-time"
-                         ) from None
+        try:
+            fraction = math.isfinite(float(text))
+        except ValueError:
+            fraction = False
+        what = "is not whole unix seconds" if fraction else "is neither unix seconds nor an ISO 8601 date-time"
+        raise data_error(path, line, column, f"{shown(text)} {what}") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)
     return int(when.timestamp())
@@ -215,10 +225,18 @@ def dense_ids(path: Path, lines: np.ndarray, column: str, texts: list[str], orde
 # ---------------------------------------------------------------- reading a log
 
 
-def _decode(path: Path) -> str:
+def read_bytes(path: Path) -> bytes:
+    """The bytes of a data file; a missing or unreadable file is a DataError."""
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    raw = path.read_bytes()
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _decode(path: Path) -> str:
+    raw = read_bytes(path)
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -244,10 +262,9 @@ def read_table(path: Path, needed: Sequence[str] = ()) -> tuple[dict[str, int], 
 
 
 def _header_line(path: Path) -> int:
-    with path.open("rb") as f:
-        for k, line in enumerate(f, 1):
-            if line.strip():
-                return k
+    for k, line in enumerate(read_bytes(path).splitlines(), 1):
+        if line.strip():
+            return k
     return 1
 
 
@@ -471,6 +488,8 @@ def event_log_file(path: str | None) -> Path | None:
         return file
     if file.name == "u.data" or file.suffix in MOVIELENS_SUFFIXES:
         return None
+    if not file.exists():
+        raise DataError(f"{file}: no such file or directory (data.path)")
     raise DataError(f"{file}: not a known event-log format ({file.suffix or 'no suffix'}): name the file .csv "
                     f"(comma-separated, a header row), .tsv (tab-separated, a header row) or .inter (RecBole atomic)")
 

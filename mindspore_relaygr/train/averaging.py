@@ -64,6 +64,7 @@ def average_checkpoints(paths: list[str | Path], out: str | Path, overwrite: boo
     """
     import mindspore as ms
 
+    from mindspore_relaygr.train.dataset import VOCABULARY_NAME
     from mindspore_relaygr.train.trainer import CONFIG_NAME
 
     sources = [Path(p) for p in paths]
@@ -89,4 +90,7 @@ def average_checkpoints(paths: list[str | Path], out: str | Path, overwrite: boo
     copied = source_config.is_file() and not out_config.exists()
     if copied:
         shutil.copyfile(source_config, out_config)
+        source_vocab = sources[0].parent / VOCABULARY_NAME
+        if source_vocab.is_file():
+            shutil.copyfile(source_vocab, out.parent / VOCABULARY_NAME)
     return AverageResult(out, sources, len(averaged), out_config if copied else None)

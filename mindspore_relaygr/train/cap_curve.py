@@ -48,7 +48,7 @@ def quality_vs_cap(config: RelayGRConfig, checkpoint: str | Path, caps: Sequence
 
     data = prepare_data(config)
     config = data.config
-    check_checkpoint(config, checkpoint)
+    check_checkpoint(config, checkpoint, data.interactions)
     filters = check_filters(list(filters))
     caps = check_caps([data.max_history_len if c == "all" else int(c) for c in caps], data.max_history_len)
     if split not in ("test", "valid"):

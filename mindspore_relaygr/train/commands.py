@@ -186,7 +186,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     data = prepare_data(_checkpoint_config(args))  # the vocabularies the bundle serves, from the training data
     cfg = data.config
-    check_checkpoint(cfg, args.checkpoint)
+    check_checkpoint(cfg, args.checkpoint, data.interactions)
     model = RelayGRModel(cfg)
     model.load_checkpoint(args.checkpoint)
     name = args.name or bundle_name(cfg.data.path)

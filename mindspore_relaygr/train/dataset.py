@@ -9,9 +9,12 @@ evaluated on the same candidates.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +28,7 @@ from mindspore_relaygr.data.sequences import (
     build_sequences,
     leave_one_out,
 )
-from mindspore_relaygr.errors import ConfigError
+from mindspore_relaygr.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
 
@@ -106,11 +109,48 @@ def check_compatible(config: RelayGRConfig, data: Interactions) -> None:
 
 
 CHECKPOINT_TABLES = {"item_table": ("num_items", 1), "action_table": ("num_actions", 2)}  # rows = size + extra
+VOCABULARY_NAME = "vocabulary.json"  # next to a run's checkpoints: how its data numbered items, events, features
 
 
-def check_checkpoint(config: RelayGRConfig, checkpoint: str | Path) -> None:
+def vocabulary_record(data: Interactions) -> dict[str, Any]:
+    """What the model's ids mean (JSON): the item ids in dense-id order (as a digest: catalogues are large), the
+    event types in action-id order, the label rule and each user feature's values in id order."""
+    items = json.dumps([raw for raw, _ in sorted(data.item_vocab.items(), key=lambda kv: kv[1])])
+    return {"source": data.source, "items": data.num_items,
+            "items_sha256": hashlib.sha256(items.encode()).hexdigest(),
+            "event_types": list(data.event_types), "label": data.label_rule,
+            "user_features": {name: [raw for raw, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+                              for name, vocab in zip(data.user_feature_names, data.user_feature_vocabs,
+                                                     strict=True)}}
+
+
+def save_vocabulary(data: Interactions, directory: Path) -> Path:
+    path = directory / VOCABULARY_NAME
+    path.write_text(json.dumps(vocabulary_record(data), indent=1) + "\n")
+    return path
+
+
+def check_vocabulary(data: Interactions, checkpoint: str | Path) -> None:
+    """DataError when `data` numbers its items, event types or feature values otherwise than the data the
+    checkpoint was trained on (`vocabulary.json` next to it; no file: nothing to check). Equal sizes are not
+    enough: a log with one item swapped for another has as many items, and every id after it would move."""
+    path = Path(checkpoint).parent / VOCABULARY_NAME
+    if not path.is_file():
+        return
+    saved, now = json.loads(path.read_text()), vocabulary_record(data)
+    for key, what in (("items_sha256", "item ids"), ("event_types", "event types"), ("label", "label rule"),
+                      ("user_features", "user-feature values")):
+        if saved.get(key) != now[key]:
+            shown = "" if key == "items_sha256" else f": {saved.get(key)} then, {now[key]} now"
+            raise DataError(f"{data.source}: its {what} are not those checkpoint {checkpoint} was trained on "
+                            f"({saved.get('source')}, recorded in {path}){shown}: use that data (the model's ids "
+                            f"would mean other things)")
+
+
+def check_checkpoint(config: RelayGRConfig, checkpoint: str | Path, data: Interactions | None = None) -> None:
     """ConfigError naming the key when the checkpoint's embedding tables do not have the rows `config.model`'s
-    vocabulary sizes give (a model trained on other data, or a config that is not the checkpoint's)."""
+    vocabulary sizes give (a model trained on other data, or a config that is not the checkpoint's); with
+    `data`, also `check_vocabulary`."""
     import mindspore as ms
 
     params = ms.load_checkpoint(str(checkpoint), choice_func=lambda name: name.endswith("_table"))
@@ -125,6 +165,8 @@ def check_checkpoint(config: RelayGRConfig, checkpoint: str | Path) -> None:
     if rows is not None and rows != max(1, sum(model.user_feature_sizes or ())):
         raise ConfigError(f"model.user_feature_sizes={model.user_feature_sizes}: checkpoint {checkpoint} has a user "
                           f"table of {rows} rows: use the config.yaml written next to it (or its data)")
+    if data is not None:
+        check_vocabulary(data, checkpoint)
 
 
 def max_history_len(config: RelayGRConfig) -> int:
@@ -143,6 +185,11 @@ def prepare_data(config: RelayGRConfig, interactions: Interactions | None = None
     config = sized_config(config, data)
     sequences = build_sequences(data, with_user_features=config.model.has_user_token, tie_seed=config.data.tie_seed)
     split = leave_one_out(sequences, config.data.min_events)
+    if not split.test:
+        longest = max((len(s) for s in sequences.values()), default=0)
+        fix = "lower it (at least 3)" if longest >= 3 else "a user needs 3 (train, validation, test)"
+        raise ConfigError(f"data.min_events={config.data.min_events}: no user of {data.source} has that many events "
+                          f"(the most is {longest}): {fix}")
     logger.info("data: %d users (%d evaluated), %d items, %d events", data.num_users, len(split.test),
                 data.num_items, len(data))
     return PreparedData(data, split, max_history_len(config), config.data.num_eval_negatives, config.data.eval_seed,

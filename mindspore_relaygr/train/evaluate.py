@@ -106,7 +106,7 @@ def run_evaluation(config: RelayGRConfig, checkpoint: str | Path, which: str = "
     first = filters[0].name
     data = data if data is not None else prepare_data(config)
     config = sized_config(config, data.interactions)
-    check_checkpoint(config, checkpoint)
+    check_checkpoint(config, checkpoint, data.interactions)
     examples = data.eval_set(which, max_users)
     model = RelayGRModel(config)
     model.load_checkpoint(checkpoint)

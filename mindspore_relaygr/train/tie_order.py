@@ -67,7 +67,7 @@ def tie_order_spread(config: RelayGRConfig, checkpoint: str | Path, seeds: Seque
     interactions = load_interactions(config.data)
     base = prepare_data(replace(config, data=replace(config.data, tie_seed=None)), interactions)
     config = base.config
-    check_checkpoint(config, checkpoint)
+    check_checkpoint(config, checkpoint, interactions)
     model = RelayGRModel(config)
     model.load_checkpoint(str(checkpoint))
     scorer = BatchedScorer(model.net, config.model, base.num_items)

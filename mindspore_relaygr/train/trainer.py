@@ -17,7 +17,8 @@ training stops after `train.patience` validations without improvement.
 Each epoch ends with `last.ckpt` (weights + optimizer state) and `train_state.json`, from which
 `resume=True` continues.
 
-Output directory: `config.yaml` (resolved), `best.ckpt`, `last.ckpt`, `train_state.json`, `train_metrics.json`,
+Output directory: `config.yaml` (resolved), `vocabulary.json` (what the model's ids mean: `relaygr eval` and
+`export` check the data against it), `best.ckpt`, `last.ckpt`, `train_state.json`, `train_metrics.json`,
 `train_curve.png` (loss and validation metrics per epoch); the last three are rewritten after every epoch.
 """
 
@@ -37,7 +38,7 @@ from mindspore_relaygr.config import RelayGRConfig, save_config
 from mindspore_relaygr.data.sequences import cap_history
 from mindspore_relaygr.errors import ConfigError
 from mindspore_relaygr.train.batches import FORWARD_FIELDS, TARGET_FIELDS, BatchShape, Shard, iter_batches, plan_batches
-from mindspore_relaygr.train.dataset import PreparedData, prepare_data, sized_config
+from mindspore_relaygr.train.dataset import PreparedData, prepare_data, save_vocabulary, sized_config
 from mindspore_relaygr.train.full_ranking import BatchedScorer, metrics_of, ranking_cases
 from mindspore_relaygr.train.lr_schedule import step_learning_rates
 from mindspore_relaygr.train.prefetch import prefetched
@@ -226,6 +227,7 @@ class Trainer:
         if self.is_chief:
             out.mkdir(parents=True, exist_ok=True)
             save_config(self.config, out / CONFIG_NAME)
+            save_vocabulary(self.data.interactions, out)
         result = TrainResult(out, out / CHECKPOINT_NAME, {"valid_ndcg@10": -1.0})
         first_epoch = self._resume(result) if resume else 1
         t0, train_seconds, tokens = time.perf_counter() - result.seconds, 0.0, 0  # seconds: before a resume

@@ -4,6 +4,8 @@ bad input as a one-line `relaygr: error:` naming the file, the line, the column 
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,6 +129,12 @@ BAD_INPUTS = {
                       r":4: column 'timestamp': '2025-13-01' is neither unix seconds nor an ISO 8601 date-time"),
     "milliseconds": ("events.csv", [*GOOD, "u3,sku-1,1740823200000,click,new"], [],
                      r":4: column 'timestamp': '1740823200000' is outside \[0, 2\^40\) unix seconds \(milliseconds\?"),
+    "timestamp beyond int64": ("events.csv", [*GOOD, "u3,sku-1,99999999999999999999999,click,new"], [],
+                               r":4: column 'timestamp': '99999999999999999999999' is outside \[0, 2\^40\) unix "
+                               r"seconds"),
+    "fractional seconds": ("events.csv", [*GOOD, "u3,sku-1,1740823200.5,click,new"], [],
+                           r":4: column 'timestamp': '1740823200.5' is not whole unix seconds"),
+    "no such path": ("shop_log", None, [], r": no such file or directory \(data.path\)"),
     "before 1970": ("events.csv", [*GOOD, "u3,sku-1,-5,click,new"], [],
                     r":4: column 'timestamp': '-5' is outside \[0, 2\^40\) unix seconds"),
     "empty event type": ("events.csv", [*GOOD, "u3,sku-1,1740823200,,new"], [],
@@ -174,10 +182,48 @@ def test_bad_input_is_one_line_naming_file_line_column_and_value(case, tmp_path,
     assert code == 2 and "Traceback" not in err, err
     errors = [line for line in err.splitlines() if line.startswith("relaygr: error:")]
     assert len(errors) == 1 and err.rstrip().endswith(errors[0]), err  # one line, the last one
-    import re
-
     assert re.fullmatch(r"relaygr: error: " + re.escape(str(path)) + message + r".*", errors[0]), errors[0]
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def _one_error_line(argv: list[str], capsys) -> str:
+    from serving.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("relaygr: error:")]
+    assert len(errors) == 1 and err.rstrip().endswith(errors[0]), err
+    return errors[0]
+
+
+def test_an_unreadable_log_is_one_line(tmp_path, capsys, monkeypatch):
+    path = write(tmp_path / "events.csv", GOOD)
+    real = Path.read_bytes
+
+    def read_bytes(self: Path) -> bytes:
+        if self == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)  # tests may run as root, where chmod 0 still reads
+    line = _one_error_line(["train", "--config", "event_log", "--output-dir", str(tmp_path / "run"), "-o",
+                            f"data.path={path}"], capsys)
+    assert line == f"relaygr: error: {path}: cannot read: Permission denied"
+
+
+@pytest.mark.parametrize(("min_events", "message"), [
+    (10, r"data\.min_events=10: no user of events:\S+ has that many events \(the most is 4\): lower it"),
+    (3, r"data\.min_events=3: no user of events:\S+ has that many events \(the most is 2\): a user needs 3"),
+])
+def test_a_log_without_a_user_to_evaluate_is_one_line(min_events, message, tmp_path, capsys):
+    """Every user shorter than data.min_events: no validation or test user (it was a traceback from the metrics)."""
+    lines = [HEADER, *LOG[1:]] if min_events == 10 else [HEADER, LOG[1], LOG[2], LOG[3], LOG[5]]
+    path = write(tmp_path / "events.csv", lines)
+    line = _one_error_line(["train", "--config", "event_log", "--output-dir", str(tmp_path / "run"), "-o",
+                            f"data.path={path}", "-o", "data.num_eval_negatives=1", "-o", "train.num_negatives=1",
+                            "-o", "train.negative_pool=1", "-o", f"data.min_events={min_events}"], capsys)
+    assert re.fullmatch(r"relaygr: error: " + message + r".*", line), line
 
 
 def test_a_data_error_from_the_installed_command_is_one_line(tmp_path):
@@ -195,3 +241,34 @@ def test_a_data_error_from_the_installed_command_is_one_line(tmp_path):
 
 def test_data_errors_are_relaygr_errors():
     assert issubclass(DataError, ValueError)  # callers catching ValueError (the loaders' old errors) still do
+
+
+@pytest.mark.slow
+def test_eval_and_export_refuse_data_that_numbers_ids_otherwise_than_the_training_data(tmp_path, capsys):
+    """Training records what its ids mean (vocabulary.json); a log of the same sizes whose items or event types
+    differ (an item swapped for another) would silently give every id after it another meaning."""
+    from serving.cli import main
+
+    lines = [HEADER, *(f"u{u},sku-{(u + k) % 8 + 1},{1740823200 + 100 * k},{('click', 'cart', 'buy')[k % 3]},"
+                       f"{('new', 'regular', 'vip')[u % 3]}" for u in range(1, 5) for k in range(5))]
+    path, run = write(tmp_path / "shop.csv", lines), tmp_path / "run"
+    small = ["-o", "data.num_eval_negatives=2", "-o", "train.num_negatives=2", "-o", "train.negative_pool=2"]
+    assert main(["train", "--config", "event_log", "--output-dir", str(run), "-o", f"data.path={path}",
+                 "-o", "train.epochs=1", *small]) == 0
+    record = json.loads((run / "vocabulary.json").read_text())
+    assert record["items"] == 8 and record["event_types"] == ["buy", "cart", "click"]
+    assert record["user_features"] == {"segment": ["new", "regular", "vip"]}
+    capsys.readouterr()
+    evaluate = ["eval", "--checkpoint", str(run / "best.ckpt"), "--no-baselines", "--max-users", "1"]
+    assert main([*evaluate, "-o", f"data.path={path}"]) == 0  # the training data itself
+    capsys.readouterr()
+    swapped = write(tmp_path / "swapped.csv", [line.replace("sku-8", "sku-9") for line in lines])  # still 8 items
+    line = _one_error_line([*evaluate, "-o", f"data.path={swapped}"], capsys)
+    assert line.startswith(f"relaygr: error: events:{swapped}: its item ids are not those checkpoint "
+                           f"{run / 'best.ckpt'} was trained on (events:{path}, recorded in "), line
+    renamed = write(tmp_path / "renamed.csv", [line.replace("cart", "wish") for line in lines])
+    line = _one_error_line(["export", "--checkpoint", str(run / "best.ckpt"), "--out-dir", str(tmp_path / "b"),
+                            "-o", f"data.path={renamed}", "-o", "data.label_events=[buy]"], capsys)
+    assert "its event types are not those checkpoint" in line and "['buy', 'cart', 'click'] then, ['buy', 'click'," \
+        " 'wish'] now" in line, line
+    assert not (tmp_path / "b").exists()

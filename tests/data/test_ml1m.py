@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from pathlib import Path
 
@@ -200,3 +201,40 @@ def test_bundled_ml1m_sequences(ml1m: MovieLensRatings) -> None:
     ties = same_user & (times[1:] == times[:-1])
     assert 0.5 < ties.mean() < 0.56  # ~53% of events share their second with an earlier event of the user
     assert (np.diff(rows)[ties] > 0).all()  # ... and those keep the file order
+
+
+def _digest(*arrays: np.ndarray) -> str:
+    d = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(np.asarray(a))
+        d.update(str(a.dtype).encode())
+        d.update(str(a.shape).encode())
+        d.update(a.tobytes())
+    return d.hexdigest()[:16]
+
+
+def test_ml1m_as_an_event_log_trains_on_what_the_movielens_loader_gave(ml1m: MovieLensRatings) -> None:
+    """configs/ml1m.yaml read as an event log (ratings as event types, the label rule [4, 5], sizes from the data)
+    gives the sequences, labels, user features and evaluation candidates that the MovieLens-only loader gave
+    before event logs existed (the digests were computed with that code, commit 9c12c4c; the label then was
+    "action id >= 3"). Same inputs and seed: the same checkpoint (a one-epoch run of both is byte-identical)."""
+    from mindspore_relaygr.config import load_config
+    from mindspore_relaygr.train.dataset import prepare_data
+
+    data = prepare_data(load_config("ml1m"))
+    model = data.config.model
+    assert (model.num_items, model.num_actions, model.user_feature_sizes) == (3706, 5, [3, 8, 22])
+    full = data.split.full
+    seqs = hashlib.sha256()
+    for u in sorted(full):
+        s = full[u]
+        seqs.update(_digest(np.int64(u), s.item_ids, s.action_ids, s.timestamps, np.asarray(s.user_features),
+                            np.asarray(s.labels)).encode())
+    assert (len(full), sum(len(s) for s in full.values()), seqs.hexdigest()[:16]) == \
+        (6040, 1_000_209, "7f7adce7ff83ea79")
+    assert _digest(*[np.asarray([u, t.item_id, t.action_id, t.timestamp, len(t.history)])
+                     for which in ("valid", "test") for u, t in sorted(getattr(data.split, which).items())]) == \
+        "17f7bdf256ae97ae"
+    for which, expected in (("valid", "0dce97cd4694cbb9"), ("test", "5cdb3b0b06a90893")):
+        examples = data.eval_set(which)
+        assert _digest(*[np.r_[e.candidate_ids, len(e.history.item_ids)] for e in examples]) == expected, which

@@ -59,6 +59,7 @@ def test_average_command_writes_the_mean_a_model_loads(trained_run, tmp_path, ca
     a = _perturbed_copy(trained_run.checkpoint, tmp_path / "epoch_001.ckpt", seed=1)
     b = _perturbed_copy(trained_run.checkpoint, tmp_path / "epoch_002.ckpt", seed=2)
     shutil.copyfile(run / "config.yaml", tmp_path / "config.yaml")
+    shutil.copyfile(run / "vocabulary.json", tmp_path / "vocabulary.json")
     out = tmp_path / "averaged" / "avg.ckpt"
     assert main(["average", "--checkpoints", str(tmp_path / "epoch_001.ckpt"), str(tmp_path / "epoch_002.ckpt"),
                  "--out", str(out)]) == 0
@@ -68,6 +69,7 @@ def test_average_command_writes_the_mean_a_model_loads(trained_run, tmp_path, ca
     for key, value in averaged.items():
         np.testing.assert_allclose(value, (a[key].astype(np.float64) + b[key]) / 2, rtol=0, atol=1e-7, err_msg=key)
     assert (out.parent / "config.yaml").read_text() == (run / "config.yaml").read_text()
+    assert (out.parent / "vocabulary.json").read_text() == (run / "vocabulary.json").read_text()  # what ids mean
 
     from mindspore_relaygr.config import load_config
     from mindspore_relaygr.model.ranker import RelayGRModel
