@@ -161,17 +161,15 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from mindspore_relaygr.model import RelayGRModel
-    from mindspore_relaygr.relay.calibrate import calibrate_latency
-    from mindspore_relaygr.relay.engine import engine_chunk_bucket
+    from mindspore_relaygr.relay.engine import calibrate_for_engine, warm_up_for_engine
 
     cfg = load_config(args.config, args.override)
     model = RelayGRModel(cfg)
     if args.checkpoint:
         model.load_checkpoint(args.checkpoint)
     t0 = time.perf_counter()
-    model.warmup(max_chunk=engine_chunk_bucket(model, cfg), max_batch=cfg.relay.max_rank_batch)
-    latency = calibrate_latency(model, cfg.trigger.prefill_chunk_len, repeats=args.repeats,
-                                max_batch=cfg.relay.max_rank_batch)
+    warm_up_for_engine(model, cfg)
+    latency = calibrate_for_engine(model, cfg, repeats=args.repeats)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     latency.to_json(args.out)
     print(f"[profile] {sum(1 for _ in latency.kinds)} kinds in {time.perf_counter() - t0:.0f} s -> {args.out} "

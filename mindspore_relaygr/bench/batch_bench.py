@@ -74,15 +74,14 @@ def run_batch_bench(config: RelayGRConfig, users: int, clients: int, events: int
                     batch: int, seconds: float, rounds: int, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Both modes, alternating, `rounds` times; returns the JSON-able report."""
     from mindspore_relaygr.model import RelayGRModel
-    from mindspore_relaygr.relay.calibrate import calibrate_latency
-    from mindspore_relaygr.relay.engine import engine_chunk_bucket
+    from mindspore_relaygr.relay.engine import calibrate_for_engine, warm_up_for_engine
 
     if users > config.cache.num_slots:
         raise ValueError(f"--users {users} exceed cache.num_slots={config.cache.num_slots}: every user needs a slot")
     model = RelayGRModel(config)
     t0 = time.perf_counter()
-    model.warmup(max_chunk=engine_chunk_bucket(model, config), max_batch=batch)
-    latency = calibrate_latency(model, config.trigger.prefill_chunk_len, max_batch=batch)
+    warm_up_for_engine(model, config, max_rank_batch=batch)
+    latency = calibrate_for_engine(model, config, max_rank_batch=batch)
     progress(f"warm-up + calibration {time.perf_counter() - t0:.0f} s")
     user_token = 1 if config.model.user_feature_sizes else 0
     histories = [synthetic_history(config.model, events - user_token, seed=i) for i in range(users)]

@@ -15,7 +15,6 @@ from typing import Any
 from mindspore_relaygr.bench.loadgen import percentile, run_open_loop, summarize
 from mindspore_relaygr.bench.workload import Workload, WorkloadSpec
 from mindspore_relaygr.config import RelayGRConfig
-from mindspore_relaygr.relay.calibrate import calibrate_latency
 
 
 def engine_for(config: RelayGRConfig, model: Any, latency: Any, relay: bool):
@@ -68,12 +67,12 @@ def run_engine_bench(config: RelayGRConfig, spec: WorkloadSpec, loads: list[floa
     """Both modes at every load on the synthetic workload of `spec`, or on `timeline` (a
     TimelineWorkload, rescaled to each load) when given; `spec` still sets the predicted full path."""
     from mindspore_relaygr.model import RelayGRModel
-    from mindspore_relaygr.relay.engine import engine_chunk_bucket
+    from mindspore_relaygr.relay.engine import calibrate_for_engine, warm_up_for_engine
 
     model = RelayGRModel(config)
     t0 = time.perf_counter()
-    model.warmup(max_chunk=engine_chunk_bucket(model, config), max_batch=config.relay.max_rank_batch)
-    latency = calibrate_latency(model, config.trigger.prefill_chunk_len)
+    warm_up_for_engine(model, config)
+    latency = calibrate_for_engine(model, config)
     progress(f"warm-up + calibration {time.perf_counter() - t0:.0f} s; predicted full path at "
              f"{spec.max_len} tokens / {spec.num_candidates} candidates: "
              f"{latency.predict_full_ms(spec.max_len, spec.num_candidates):.0f} ms")

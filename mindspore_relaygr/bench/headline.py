@@ -102,15 +102,14 @@ def prepare(config: RelayGRConfig, progress: Progress, checkpoint: str | None = 
     """One model (trained weights from `checkpoint` if given), warmed up and calibrated, shared by every
     run (runs never overlap)."""
     from mindspore_relaygr.model import RelayGRModel
-    from mindspore_relaygr.relay.calibrate import calibrate_latency
-    from mindspore_relaygr.relay.engine import engine_chunk_bucket
+    from mindspore_relaygr.relay.engine import calibrate_for_engine, warm_up_for_engine
 
     model = RelayGRModel(config)
     if checkpoint is not None:
         model.load_checkpoint(str(checkpoint))
     t0 = time.perf_counter()
-    model.warmup(max_chunk=engine_chunk_bucket(model, config), max_batch=config.relay.max_rank_batch)
-    latency = calibrate_latency(model, config.trigger.prefill_chunk_len)
+    warm_up_for_engine(model, config)
+    latency = calibrate_for_engine(model, config)
     progress(f"warm-up + calibration: {time.perf_counter() - t0:.0f} s")
     return model, latency
 

@@ -72,6 +72,25 @@ def engine_chunk_bucket(model: DeviceModel, config: RelayGRConfig) -> int:
     return bucket_for(min(chunk, model.prefix_buckets[-1]), model.prefix_buckets, "chunk")
 
 
+def warm_up_for_engine(model: DeviceModel, config: RelayGRConfig, max_rank_batch: int | None = None) -> None:
+    """Compile every graph shape an engine on `config` calls: the length buckets, its chunk and extension
+    shapes, and the rank and prefill batches up to `relay.max_rank_batch` (or `max_rank_batch`) and
+    `relay.max_prefill_batch`."""
+    model.warmup(max_chunk=engine_chunk_bucket(model, config),
+                 max_batch=max_rank_batch or config.relay.max_rank_batch,
+                 max_prefill_batch=config.relay.max_prefill_batch)
+
+
+def calibrate_for_engine(model: DeviceModel, config: RelayGRConfig, repeats: int = 3,
+                         max_rank_batch: int | None = None) -> LatencyModel:
+    """The latency model an engine on `config` predicts with, measured on `model` (warmed up): every bucket, and
+    the batch factors up to `relay.max_rank_batch` (or `max_rank_batch`)."""
+    from mindspore_relaygr.relay.calibrate import calibrate_latency
+
+    return calibrate_latency(model, config.trigger.prefill_chunk_len, repeats=repeats,
+                             max_batch=max_rank_batch or config.relay.max_rank_batch)
+
+
 class RelayEngine:
     """Pre-infer and rank for one model instance; thread-safe for any number of callers."""
 
@@ -124,16 +143,14 @@ class RelayEngine:
                     model: DeviceModel | None = None) -> RelayEngine:
         """Build the model, warm up every bucket and calibrate (or load) the latency model."""
         from mindspore_relaygr.model import RelayGRModel
-        from mindspore_relaygr.relay.calibrate import calibrate_latency
 
         model = model or RelayGRModel(config)
         if config.relay.warmup:
-            model.warmup(max_chunk=engine_chunk_bucket(model, config), max_batch=config.relay.max_rank_batch,
-                         max_prefill_batch=config.relay.max_prefill_batch)
+            warm_up_for_engine(model, config)
         if config.trigger.latency_profile:
             latency = LatencyModel.from_json(config.trigger.latency_profile)
         else:
-            latency = calibrate_latency(model, config.trigger.prefill_chunk_len, max_batch=config.relay.max_rank_batch)
+            latency = calibrate_for_engine(model, config)
         return cls(config, model, latency, instance_id=instance_id)
 
     @classmethod
