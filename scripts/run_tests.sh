@@ -16,12 +16,13 @@ export PATH="$PATH:/usr/sbin"
 "$RELAYGR_PY" -m ruff check mindspore_relaygr serving tests scripts
 set +e
 # Test files run in parallel worker processes, a file's tests in one worker (they share its module fixtures):
-# one more than the cores, at most 4, since many tests wait on servers and subprocesses;
+# one more than the cores, at most 4, since many tests wait on servers and subprocesses; the 15 slowest tests
+# are listed at the end;
 # RELAYGR_TEST_WORKERS=0 runs everything in this process.
 workers="${RELAYGR_TEST_WORKERS:-$(( $(nproc) < 3 ? $(nproc) + 1 : 4 ))}"
 parallel=()
 [ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadfile)
-"$RELAYGR_PY" -m pytest -q -rs -p no:cacheprovider --timeout=1800 "${parallel[@]}" "$@"
+"$RELAYGR_PY" -m pytest -q -rs --durations=15 -p no:cacheprovider --timeout=1800 "${parallel[@]}" "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

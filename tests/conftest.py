@@ -18,7 +18,7 @@ CONFIGS = REPO / "configs"
 # the run with one of them alone (the order of the tests inside a file is kept).
 LONG_FILES = ("serving/test_soak_bench.py", "model/test_batched.py", "model/test_batched_prefill.py",
               "bench/test_quality_at_slo.py", "serving/test_cluster_bench.py", "train/test_commands.py",
-              "model/test_fused_vs_reference.py")
+              "model/test_fused_vs_reference.py", "model/test_numpy_oracle.py", "data/test_events.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
