@@ -16,11 +16,9 @@ CONFIGS = REPO / "configs"
 
 # Test files that take minutes: collected first, so the parallel workers start them first instead of ending
 # the run with one of them alone (the order of the tests inside a file is kept).
-LONG_FILES = ("serving/test_soak_bench.py", "model/test_batched.py", "bench/test_quality_at_slo.py",
-              "model/test_batched_prefill.py", "train/test_length_curve.py", "bench/test_batch_bench.py",
-              "serving/test_your_data.py", "train/test_commands.py", "model/test_fused_vs_reference.py",
-              "model/test_numpy_oracle.py", "model/test_warmup.py", "serving/test_bundle_serving.py",
-              "serving/test_cluster_bench.py", "data/test_events.py")
+LONG_FILES = ("serving/test_soak_bench.py", "model/test_batched.py", "model/test_batched_prefill.py",
+              "bench/test_quality_at_slo.py", "serving/test_cluster_bench.py", "train/test_commands.py",
+              "model/test_fused_vs_reference.py", "model/test_numpy_oracle.py", "data/test_events.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
