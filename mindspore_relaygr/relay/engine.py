@@ -363,12 +363,9 @@ class RelayEngine:
             self._settle()
 
     def _prefill_batch_on_device(self, chunks: list[PrefillChunk]) -> list[Outcome]:
-        """Device thread: several relays' prefill chunks in one model call (relay.max_prefill_batch); an error
-        reaches every relay of the batch."""
-        try:
-            return [Outcome(events) for events in self.model.prefill_batch(chunks)]
-        except Exception as exc:  # noqa: BLE001 - each relay's generator gets it
-            return [Outcome(error=exc)] * len(chunks)
+        """Device thread: several relays' prefill chunks in one model call (relay.max_prefill_batch); the executor
+        throws an error of the call into every relay of the batch."""
+        return [Outcome(events) for events in self.model.prefill_batch(chunks)]
 
     def _settle(self) -> None:
         """Device thread: relays whose device entries the cache dropped leave the ledger (a READY relay

@@ -125,6 +125,7 @@ def vocabulary_record(data: Interactions) -> dict[str, Any]:
 
 
 def save_vocabulary(data: Interactions, directory: Path) -> Path:
+    """Write `vocabulary_record(data)` as `directory/vocabulary.json`; returns its path."""
     path = directory / VOCABULARY_NAME
     path.write_text(json.dumps(vocabulary_record(data), indent=1) + "\n")
     return path

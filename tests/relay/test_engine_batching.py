@@ -119,3 +119,31 @@ def test_with_max_prefill_batch_1_every_chunk_is_its_own_call():
         assert eng.model.prefill_calls == [1, 1, 1] and "prefill_chunk" not in eng.executor.batch_stats()
     finally:
         eng.close()
+
+
+def test_a_failed_batched_prefill_call_drops_every_relay_of_the_batch_and_frees_their_slots():
+    """A prefill_batch call that raises reaches each relay of the batch: each is dropped as failed (counted), its
+    slot freed, and the users' ranks then take the full path with exact scores."""
+    eng, _ = clocked_engine("relay.max_prefill_batch=4")
+    try:
+        gate, running = threading.Event(), threading.Event()
+        eng.executor.submit(lambda: running.set() or gate.wait(10))
+        assert running.wait(10)
+
+        def broken(chunks):
+            raise RuntimeError("device fault")
+
+        eng.model.prefill_batch = broken
+        users = {"a": hist(820, 70), "b": hist(821, 40)}
+        for u, h in users.items():
+            assert eng.preinfer(u, h, num_candidates=10).admitted
+        gate.set()
+        eng.wait_prefills(10)
+        assert eng.stats().work.prefill_errors == 2
+        assert eng.ledger.footprint().inflight == 0
+        for u, h in users.items():
+            result = eng.rank(u, h, CANDS)
+            assert result.cache == "miss"
+            np.testing.assert_array_equal(result.scores, eng.model.rank_full(h, CANDS))
+    finally:
+        eng.close()
