@@ -31,7 +31,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -225,14 +225,20 @@ def dense_ids(path: Path, lines: np.ndarray, column: str, texts: list[str], orde
 # ---------------------------------------------------------------- reading a log
 
 
-def read_bytes(path: Path) -> bytes:
-    """The bytes of a data file; a missing or unreadable file is a DataError."""
+def open_data(path: Path) -> BinaryIO:
+    """A data file opened for reading bytes; a missing or unreadable file is a DataError."""
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     try:
-        return path.read_bytes()
+        return path.open("rb")
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def read_bytes(path: Path) -> bytes:
+    """The bytes of a data file; a missing or unreadable file is a DataError."""
+    with open_data(path) as f:
+        return f.read()
 
 
 def _decode(path: Path) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from mindspore_relaygr.data.events import parse_int, read_bytes
+from mindspore_relaygr.data.events import open_data, parse_int, read_bytes
 from mindspore_relaygr.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -108,18 +108,19 @@ def _error(path: Path, lineno: int, message: str) -> DataError:
 def _rows(path: Path, sep: str, num_cols: int | None = None, min_cols: int = 1,
           encoding: str = "utf-8") -> Iterator[tuple[int, list[str]]]:
     """(1-based line number, fields) of each non-blank line; a wrong field count raises ValueError."""
-    for lineno, raw in enumerate(read_bytes(path).split(b"\n"), 1):
-        try:
-            line = raw.decode(encoding).rstrip("\r\n")
-        except UnicodeDecodeError as e:
-            raise _error(path, lineno, f"not {encoding} text ({e.reason})") from None
-        if not line.strip():
-            continue
-        fields = line.split(sep)
-        if (num_cols is not None and len(fields) != num_cols) or len(fields) < min_cols:
-            want = num_cols if num_cols is not None else f">= {min_cols}"
-            raise _error(path, lineno, f"expected {want} {sep!r}-separated fields, got {len(fields)}")
-        yield lineno, fields
+    with open_data(path) as f:  # streamed: an event log may be larger than a second copy in memory allows
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode(encoding).rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise _error(path, lineno, f"not {encoding} text ({e.reason})") from None
+            if not line.strip():
+                continue
+            fields = line.split(sep)
+            if (num_cols is not None and len(fields) != num_cols) or len(fields) < min_cols:
+                want = num_cols if num_cols is not None else f">= {min_cols}"
+                raise _error(path, lineno, f"expected {want} {sep!r}-separated fields, got {len(fields)}")
+            yield lineno, fields
 
 
 def _int(path: Path, lineno: int, name: str, text: str) -> int:

@@ -199,14 +199,14 @@ def _one_error_line(argv: list[str], capsys) -> str:
 
 def test_an_unreadable_log_is_one_line(tmp_path, capsys, monkeypatch):
     path = write(tmp_path / "events.csv", GOOD)
-    real = Path.read_bytes
+    real = Path.open
 
-    def read_bytes(self: Path) -> bytes:
+    def open_(self: Path, *args, **kwargs):
         if self == path:
             raise PermissionError(13, "Permission denied", str(self))
-        return real(self)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)  # tests may run as root, where chmod 0 still reads
+    monkeypatch.setattr(Path, "open", open_)  # tests may run as root, where chmod 0 still reads
     line = _one_error_line(["train", "--config", "event_log", "--output-dir", str(tmp_path / "run"), "-o",
                             f"data.path={path}"], capsys)
     assert line == f"relaygr: error: {path}: cannot read: Permission denied"
