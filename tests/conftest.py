@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,13 +13,48 @@ os.environ.setdefault("GLOG_v", "3")
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
+# One shape bucket per axis for tests whose subject is not the buckets: the tiny model then warms up and
+# calibrates 3 ranking graphs instead of ~25.
+ONE_BUCKET = ("model.len_buckets=[128]", "model.suffix_buckets=[16]", "model.candidate_buckets=[32]")
+
+
+def cli_overrides(overrides: tuple[str, ...] | list[str]) -> list[str]:
+    """`-o KEY=VALUE` arguments of a command line."""
+    return [arg for o in overrides for arg in ("-o", o)]
 
 
 # Test files that take minutes: collected first, so the parallel workers start them first instead of ending
 # the run with one of them alone (the order of the tests inside a file is kept).
-LONG_FILES = ("serving/test_soak_bench.py", "model/test_batched.py", "model/test_batched_prefill.py",
-              "bench/test_quality_at_slo.py", "serving/test_cluster_bench.py", "train/test_commands.py",
-              "model/test_fused_vs_reference.py", "model/test_numpy_oracle.py", "data/test_events.py")
+LONG_FILES = ("serving/test_soak_bench.py", "model/test_batched.py", "train/test_trainer.py",
+              "serving/test_cluster_bench.py", "train/test_commands.py", "tests/test_export.py",
+              "train/test_length_curve.py", "bench/test_bench_smoke.py", "data/test_events.py")
+
+
+# Test files that share per-process state run as one unit of the parallel run, so in one worker process: the
+# compiled graphs of the tiny models of tests/model/conftest.py:shared_tiny, and the training run of
+# tests/train/conftest.py:trained_run.
+SHARED_STATE_GROUPS = {
+    "shared tiny models": ("tests/model/test_batched.py", "tests/model/test_batched_prefill.py",
+                           "tests/model/test_numpy_oracle.py", "tests/model/test_fused_vs_reference.py",
+                           "tests/model/test_exactness.py"),
+    "trained tiny run": ("tests/train/test_trainer.py", "tests/train/test_evaluate.py",
+                         "tests/train/test_averaging.py", "tests/train/test_cap_curve.py"),
+}
+_GROUP_OF_FILE = {path: group for group, paths in SHARED_STATE_GROUPS.items() for path in paths}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadfile, with each group of SHARED_STATE_GROUPS as one unit."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedModelScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return _GROUP_OF_FILE.get(scope, scope)
+
+    return SharedModelScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

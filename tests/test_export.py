@@ -105,7 +105,9 @@ def test_a_bundle_exports_batched_candidate_graphs_up_to_max_rank_batch(tmp_path
     from tests.model.conftest import randomize_weights
 
     assert export_batch_buckets(load_config(CONFIGS / "tiny.yaml")) == []
-    cfg = load_config(CONFIGS / "tiny.yaml", ["relay.max_rank_batch=2", "model.len_buckets=[64, 128]"])
+    # one suffix and one candidate bucket: the single-user graphs of the other buckets are the module bundle's
+    cfg = load_config(CONFIGS / "tiny.yaml", ["relay.max_rank_batch=2", "model.len_buckets=[64, 128]",
+                                              "model.suffix_buckets=[16]", "model.candidate_buckets=[32]"])
     assert export_batch_buckets(cfg) == [2]
     model = RelayGRModel(cfg)
     randomize_weights(model, seed=6)

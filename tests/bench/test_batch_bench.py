@@ -27,11 +27,12 @@ def test_closed_loop_counts_what_each_client_got_back():
 @pytest.mark.slow
 def test_bench_batching_end_to_end_on_tiny(tmp_path, capsys):
     out = tmp_path / "batching.json"
-    # One suffix and one candidate bucket: the warm-up compiles what the bench uses, not every bucket of tiny.
+    # One suffix and one candidate bucket, two length buckets: the warm-up compiles what the bench uses, not every
+    # bucket of tiny.
     assert main(["bench", "batching", "--config", str(CONFIGS / "tiny.yaml"), "-o", "model.suffix_buckets=[8]",
-                 "-o", "model.candidate_buckets=[8]", "--users", "4", "--clients", "4",
-                 "--events", "60", "--suffix", "8", "--candidates", "8", "--batch", "4", "--seconds", "0.5",
-                 "--rounds", "2", "--out", str(out)]) == 0
+                 "-o", "model.candidate_buckets=[8]", "-o", "model.len_buckets=[64, 128]", "--users", "4",
+                 "--clients", "4", "--events", "60", "--suffix", "8", "--candidates", "8", "--batch", "4",
+                 "--seconds", "0.5", "--rounds", "2", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     runs = report["runs"]
     assert [(r["round"], r["max_rank_batch"]) for r in runs] == [(0, 1), (0, 4), (1, 4), (1, 1)]  # alternating

@@ -7,12 +7,11 @@ import json
 import pytest
 
 from mindspore_relaygr.cli import main
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, ONE_BUCKET, cli_overrides
 
 pytestmark = pytest.mark.slow
 TINY = str(CONFIGS / "tiny.yaml")
-# One bucket per axis: the runs warm up and calibrate 3 graphs instead of ~25.
-ONE_BUCKET = ["-o", "model.len_buckets=[128]", "-o", "model.suffix_buckets=[16]", "-o", "model.candidate_buckets=[32]"]
+ONE_BUCKET_ARGS = cli_overrides(ONE_BUCKET)
 
 
 def test_bench_model(tmp_path, capsys):
@@ -107,7 +106,7 @@ def test_bench_engine(tmp_path):
                 "engine",
                 "--config",
                 TINY,
-                *ONE_BUCKET,
+                *ONE_BUCKET_ARGS,
                 "-o",
                 "trigger.slo_ms=1",
                 "-o",
@@ -145,7 +144,7 @@ def test_bench_engine(tmp_path):
 HEADLINE = [
     "--config",
     TINY,
-    *ONE_BUCKET,
+    *ONE_BUCKET_ARGS,
     "-o",
     "relay.max_online_len=32",
     "--requests",

@@ -40,10 +40,10 @@ def test_quality_at_slo_command_end_to_end(tmp_path, capsys):
     from mindspore_relaygr.cli import main
     from mindspore_relaygr.config import save_config
     from mindspore_relaygr.model.ranker import RelayGRModel
-    from tests.conftest import CONFIGS
+    from tests.conftest import CONFIGS, ONE_BUCKET
 
     data = write_synthetic_movielens(tmp_path / "data", num_users=60)
-    cfg = load_config(CONFIGS / "tiny.yaml", synthetic_overrides(data, tmp_path / "run"))
+    cfg = load_config(CONFIGS / "tiny.yaml", [*synthetic_overrides(data, tmp_path / "run"), *ONE_BUCKET])
     config_path, checkpoint = tmp_path / "config.yaml", tmp_path / "model.ckpt"
     save_config(cfg, config_path)
     RelayGRModel(cfg).save_checkpoint(checkpoint)

@@ -15,7 +15,7 @@ from mindspore_relaygr.model.inputs import validate_history
 from tests.cache.checked_manager import CheckedManager
 from tests.cache.test_hierarchy import Clock, prefill
 from tests.cache.test_hierarchy import rank as cached_rank
-from tests.conftest import CONFIGS, random_history
+from tests.conftest import CONFIGS, ONE_BUCKET, random_history
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -26,7 +26,7 @@ def model():
     from mindspore_relaygr.model import RelayGRModel
     from tests.model.conftest import randomize_weights
 
-    m = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=2"]))
+    m = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=2", *ONE_BUCKET]))
     randomize_weights(m, seed=5)
     m.ensure_host_arena(32 << 20)  # spills land in the arena: every reload below reads arena memory
     return m

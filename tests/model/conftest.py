@@ -1,6 +1,8 @@
-"""Tiny models shared per test module (graphs compile once per shape and process)."""
+"""Tiny models shared per test module, or per test process (graphs compile once per shape and model object)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,12 +30,9 @@ def tiny_config(tiny_config_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tiny_config):
-    from mindspore_relaygr.model import RelayGRModel
-
-    model = RelayGRModel(tiny_config)
-    randomize_weights(model, seed=1)
-    return model
+def tiny_model():
+    """The tiny model on the fused CPU kernels (shared_tiny), its weights randomized with seed 1."""
+    return shared_tiny("fused_cpu", seed=1)
 
 
 def tiny_on_backend(backend: str, num_slots: int, seed: int):
@@ -48,3 +47,21 @@ def tiny_on_backend(backend: str, num_slots: int, seed: int):
     assert m.backend.name == backend, "the fused kernels should build on this CPU (g++ is required)"
     randomize_weights(m, seed=seed)
     return m
+
+
+SHARED_SLOTS = 8
+_shared: dict[str, Any] = {}
+
+
+def shared_tiny(backend: str, seed: int):
+    """The model of tiny_on_backend(backend, SHARED_SLOTS, seed), one object per backend and test process: its
+    weights re-randomized with `seed` and its slots released at each call. The files that use it run in one
+    worker (tests/conftest.py:SHARED_STATE_GROUPS), so each shape's graph compiles once for all of them."""
+    model = _shared.get(backend)
+    if model is None:
+        model = _shared[backend] = tiny_on_backend(backend, SHARED_SLOTS, seed)
+        return model
+    randomize_weights(model, seed=seed)
+    for slot in range(SHARED_SLOTS):
+        model.release_slot(slot)
+    return model

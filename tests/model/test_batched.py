@@ -12,16 +12,15 @@ from mindspore_relaygr import load_config
 from mindspore_relaygr.errors import InvalidRequest
 from mindspore_relaygr.model.ranker import CachedRank
 from tests.conftest import CONFIGS, random_history, split_history
-from tests.model.conftest import tiny_on_backend
+from tests.model.conftest import shared_tiny
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5  # R1: the batched call computes each user's math with the same kernels, in another order of rows
-NUM_SLOTS = 8
 
 
 @pytest.fixture(scope="module", params=["fused_cpu", "plain"])
 def model(request):
-    return tiny_on_backend(request.param, NUM_SLOTS, seed=11)
+    return shared_tiny(request.param, seed=11)
 
 
 @st.composite
@@ -65,11 +64,13 @@ def test_a_batch_larger_than_the_largest_bucket_is_refused(model):
 
 
 def test_warmup_compiles_the_batched_buckets_up_to_max_batch():
-    """After warmup(max_batch=2) a batched rank of 2 users, any past/suffix/candidate bucket, compiles nothing
-    on the request path; a batch of 3 (bucket 4, not warmed) is reported cold, so the check can fail."""
+    """After warmup(max_batch=2) a batched rank of 2 users, any suffix/candidate bucket, compiles nothing on the
+    request path; a batch of 3 (bucket 4, not warmed) is reported cold, so the check can fail. One past bucket
+    (128): the suffix and candidate buckets multiply the graphs to compile as the past buckets do."""
     from mindspore_relaygr.model import RelayGRModel
 
-    m = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=3", "model.batch_buckets=[1,2,4]"]))
+    m = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=3", "model.batch_buckets=[1,2,4]",
+                                                         "model.len_buckets=[128]"]))
     m.warmup(graphs=("candidate",), max_batch=2)
     rng = np.random.default_rng(5)
     for total, cached, num_cands in ((127, 120, 32), (40, 31, 8), (20, 20, 9)):

@@ -12,18 +12,17 @@ from mindspore_relaygr import load_config
 from mindspore_relaygr.errors import InvalidRequest
 from mindspore_relaygr.model.ranker import PrefillChunk
 from tests.conftest import CONFIGS, random_history, split_history
-from tests.model.conftest import tiny_on_backend
+from tests.model.conftest import shared_tiny
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
-NUM_SLOTS = 8
 REFERENCE = 4  # user i of a batch writes slot i; its reference (own prefill calls) slot i + REFERENCE
 SUFFIX = 4  # events ranked after the cached ones
 
 
 @pytest.fixture(scope="module", params=["fused_cpu", "plain"])
 def model(request):
-    return tiny_on_backend(request.param, NUM_SLOTS, seed=13)
+    return shared_tiny(request.param, seed=13)
 
 
 def _head(hist: dict, events: int) -> dict:
@@ -115,7 +114,8 @@ def test_warmup_covers_one_users_past_bucket_next_to_another_users_chunk_bucket(
     bucket 128) pads to (128, 128), a pair no single user's prefill reaches in a 128-token slot: warmed too."""
     from mindspore_relaygr.model import RelayGRModel
 
-    m = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=2", "model.batch_buckets=[1,2]"]))
+    m = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=2", "model.batch_buckets=[1,2]",
+                                                         "model.len_buckets=[64, 128]"]))
     m.warmup(graphs=("prefix",), max_prefill_batch=2)
     rng = np.random.default_rng(4)
     hists = [random_history(rng, 120, user_features=[1, 2]) for _ in range(2)]

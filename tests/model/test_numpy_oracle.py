@@ -13,12 +13,11 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from mindspore_relaygr import load_config
 from mindspore_relaygr.history import History
 from mindspore_relaygr.model.ranker import CachedRank, PrefillChunk
-from tests.conftest import CONFIGS, random_history, split_history
+from tests.conftest import random_history, split_history
 from tests.model import hstu_numpy
-from tests.model.conftest import randomize_weights
+from tests.model.conftest import shared_tiny
 from tests.model.hstu_numpy import HSTUOracle, weights_of
 
 pytestmark = pytest.mark.slow
@@ -36,21 +35,10 @@ USER = [1, 3]
 SUFFIX = 6  # short-term events ranked on top of a cached prefix (suffix bucket 8)
 
 
-def build_model(backend: str):
-    """A tiny RelayGRModel on the given backend with large random weights (the one place a backend is chosen)."""
-    from mindspore_relaygr.model import RelayGRModel
-
-    cfg = load_config(CONFIGS / "tiny.yaml", [f"model.fused_kernels={str(backend == 'fused_cpu').lower()}",
-                                              "cache.num_slots=4", "model.batch_buckets=[1,2,4]"])
-    model = RelayGRModel(cfg)
-    assert model.backend.name == backend, f"backend {backend!r} not built (are the CPU kernels buildable?)"
-    randomize_weights(model, seed=1)
-    return model
-
-
 @pytest.fixture(scope="module", params=BACKENDS)
 def model(request):
-    return build_model(request.param)
+    """The tiny model on one backend with large random weights (batch buckets 1, 2, 4)."""
+    return shared_tiny(request.param, seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,12 @@ pytestmark = pytest.mark.slow
 
 def test_prefix_warmup_covers_slot_copies_and_leaves_slot_zero_free():
     """After a prefix warm-up, spilling (export) and reloading (import) a prefix of any bucket runs only
-    signatures the warm-up compiled: no graph call is cold."""
+    signatures the warm-up compiled: no graph call is cold. (Two length buckets: each more adds its chunk x past
+    pairs to compile.)"""
     from mindspore_relaygr.model import RelayGRModel
     from mindspore_relaygr.model.inputs import synthetic_history
 
-    model = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=2"]))
+    model = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=2", "model.len_buckets=[64, 128]"]))
     model.warmup(graphs=("prefix",))
     with pytest.raises(ValueError, match="holds nothing"):
         model.export_slot(0)

@@ -12,7 +12,7 @@ import pytest
 from mindspore_relaygr import load_config
 from serving import demo_client
 from serving.client import APIError, RelayGRClient
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, ONE_BUCKET
 from tests.serving.servers import serve
 from tests.train.conftest import synthetic_overrides, write_synthetic_movielens
 
@@ -29,7 +29,8 @@ def bundle(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("demo")
     data_path = write_synthetic_movielens(root / "movielens")
-    cfg = load_config(CONFIGS / "tiny.yaml", [*synthetic_overrides(data_path, root / "run"), "train.epochs=1"])
+    cfg = load_config(CONFIGS / "tiny.yaml",
+                      [*synthetic_overrides(data_path, root / "run"), *ONE_BUCKET, "train.epochs=1"])
     result = train(cfg)
     model = RelayGRModel(cfg)
     model.load_checkpoint(result.checkpoint)

@@ -22,7 +22,7 @@ from serving.cluster_bench import (
     plan_runs,
     set_overrides,
 )
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, ONE_BUCKET, cli_overrides
 from tests.serving.servers import FAKE_FACTORY
 
 TINY = CONFIGS / "tiny.yaml"
@@ -115,7 +115,7 @@ def fixed_profile(tmp_path_factory):
 def test_bench_cluster_end_to_end_on_tiny(tmp_path, fixed_profile, capsys):
     out = tmp_path / "cluster.json"
     num_requests, loads = 6, [3.0, 6.0]
-    fast_start = ["-o", "relay.warmup=false", "-o", "context.num_threads=1"]
+    fast_start = ["-o", "relay.warmup=false", "-o", "context.num_threads=1", *cli_overrides(ONE_BUCKET)]
     # Every pre-infer is "at risk" on the fast tiny model, and a rank waits for its running prefill.
     relay = ["-o", "trigger.risk_margin=0.000000001", "-o", "relay.inflight_wait_ms=10000"]
     args = parse(["cluster", "--config", str(TINY), *fast_start, *relay, "--instances", "2",

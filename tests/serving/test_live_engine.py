@@ -20,7 +20,7 @@ from mindspore_relaygr.relay.types import CACHE_TIERS
 from serving import headers
 from serving.cluster import read_state
 from serving.schemas import Limits
-from tests.conftest import CONFIGS, random_history
+from tests.conftest import CONFIGS, ONE_BUCKET, random_history
 from tests.serving.fuzz import EXPECTED_STATUSES, HostileRequests
 from tests.serving.servers import TIMEOUT, cluster, serve, session
 from tests.waiting import wait_until
@@ -36,7 +36,7 @@ SERVER = (*RELAY, "context.num_threads=1")  # several instances share two cores
 
 @pytest.fixture(scope="module")
 def fast_start(tmp_path_factory):
-    """Instances start in seconds: a fixed latency profile and graphs compiled on first use.
+    """Instances start in seconds: a fixed latency profile, graphs compiled on first use, one shape bucket per axis.
 
     (Warm-up and calibration are covered by the engine tests; here the HTTP story is under test.)
     """
@@ -45,7 +45,7 @@ def fast_start(tmp_path_factory):
     path = tmp_path_factory.mktemp("profile") / "latency.json"
     LatencyModel([LatencyPoint("full", 128, 32, 0, 50.0), LatencyPoint("relay", 128, 16, 32, 5.0),
                   LatencyPoint("prefill", 128, 0, 0, 20.0)]).to_json(path)
-    return (f"trigger.latency_profile={path}", "relay.warmup=false")
+    return (f"trigger.latency_profile={path}", "relay.warmup=false", *ONE_BUCKET)
 
 
 @pytest.fixture(scope="module")

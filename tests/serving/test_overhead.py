@@ -7,7 +7,7 @@ import json
 import pytest
 
 from serving import overhead
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, ONE_BUCKET, cli_overrides
 
 
 def test_rounds_alternate_and_warm_up_is_not_kept():
@@ -38,10 +38,8 @@ def test_overhead_runs_end_to_end(tmp_path, capsys):
     """One instance on 127.0.0.1 (stopped by PID) against the same engine in process, both from the device
     cache."""
     out = tmp_path / "overhead.json"
-    one_bucket = ["-o", "model.len_buckets=[128]", "-o", "model.suffix_buckets=[16]", "-o",
-                  "model.candidate_buckets=[32]"]
-    assert overhead.main(["--config", str(CONFIGS / "tiny.yaml"), *one_bucket, "--prefix-len", "48", "--suffix",
-                          "8", "--candidates", "8", "--repeats", "6", "--round", "4", "--log",
+    assert overhead.main(["--config", str(CONFIGS / "tiny.yaml"), *cli_overrides(ONE_BUCKET), "--prefix-len",
+                          "48", "--suffix", "8", "--candidates", "8", "--repeats", "6", "--round", "4", "--log",
                           str(tmp_path / "server.log"), "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["http_tiers"] == "device" and report["in_process_tiers"] == ["device"]

@@ -21,7 +21,7 @@ from serving.soak_bench import (
     generate_soak,
     mix_summary,
 )
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, ONE_BUCKET, cli_overrides
 
 TINY = CONFIGS / "tiny.yaml"
 
@@ -150,7 +150,8 @@ def test_short_real_run_kills_and_restarts_an_instance(tmp_path):
     prefix = tmp_path / "soak"
     parser = argparse.ArgumentParser(prog="relaygr bench")
     soak_bench.register(parser.add_subparsers(dest="bench", required=True))
-    args = parser.parse_args(["soak", "--config", str(TINY), "--minutes", str(100 / 60), "--bucket-s", "10",
+    args = parser.parse_args(["soak", "--config", str(TINY), *cli_overrides(ONE_BUCKET), "--minutes", str(100 / 60),
+                              "--bucket-s", "10",
                               "--kill-at", "0.15", "--rate", "10", "--rss-every", "2", "--out", str(prefix) + ".json"])
     assert args.func(args) == 0
     report = json.loads(prefix.with_name("soak.json").read_text())

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from serving.client import APIError, RelayGRClient
-from tests.conftest import REPO
+from tests.conftest import REPO, cli_overrides
 from tests.serving.servers import serve
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,10 @@ def shop(tmp_path_factory):
     made = subprocess.run([sys.executable, str(REPO / "scripts" / "make_event_log.py"), "--out", str(log),
                            "--users", "120", "--items", "60"], capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
-    config = ["--config", "event_log", "-o", f"data.path={log}", "-o", "data.num_eval_negatives=20"]
+    # one shape bucket per axis: export compiles and checks 3 ranking graphs instead of ~20
+    one_bucket = ("model.len_buckets=[128]", "model.suffix_buckets=[16]", "model.candidate_buckets=[64]")
+    config = ["--config", "event_log", "-o", f"data.path={log}", "-o", "data.num_eval_negatives=20",
+              *cli_overrides(one_bucket)]
     assert main(["train", *config, "--output-dir", str(root / "run"), "-o", "train.epochs=2",
                  "-o", "train.eval_every=2"]) == 0
     assert main(["export", "--checkpoint", str(root / "run" / "best.ckpt"), "--out-dir", str(root / "bundle")]) == 0

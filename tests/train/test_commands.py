@@ -9,7 +9,7 @@ import pytest
 
 from mindspore_relaygr.errors import BundleError
 from mindspore_relaygr.train.commands import register
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, ONE_BUCKET, cli_overrides
 from tests.train.conftest import synthetic_overrides
 
 
@@ -38,7 +38,7 @@ def test_parser_defaults():
 @pytest.mark.slow
 def test_train_eval_export_commands(synthetic_data_path, tmp_path, capsys):
     out = tmp_path / "run"
-    overrides = [x for o in synthetic_overrides(synthetic_data_path, out) for x in ("-o", o)]
+    overrides = cli_overrides([*synthetic_overrides(synthetic_data_path, out), *ONE_BUCKET])
     assert _run(["train", "--config", str(CONFIGS / "tiny.yaml"), *overrides, "-o", "train.epochs=1",
                  "--output-dir", str(out)]) == 0
     assert "best checkpoint" in capsys.readouterr().out
