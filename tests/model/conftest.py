@@ -30,9 +30,12 @@ def tiny_config(tiny_config_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_model():
-    """The tiny model on the fused CPU kernels (shared_tiny), its weights randomized with seed 1."""
-    return shared_tiny("fused_cpu", seed=1)
+def tiny_model(tiny_config):
+    from mindspore_relaygr.model import RelayGRModel
+
+    model = RelayGRModel(tiny_config)
+    randomize_weights(model, seed=1)
+    return model
 
 
 def tiny_on_backend(backend: str, num_slots: int, seed: int):
