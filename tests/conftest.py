@@ -43,18 +43,23 @@ SHARED_STATE_GROUPS = {
 _GROUP_OF_FILE = {path: group for group, paths in SHARED_STATE_GROUPS.items() for path in paths}
 
 
+def work_unit(nodeid: str) -> str:
+    """The unit of the parallel run a test belongs to: its file, or its file's group in SHARED_STATE_GROUPS."""
+    path = nodeid.split("::", 1)[0]
+    return _GROUP_OF_FILE.get(path, path)
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """--dist loadfile, with each group of SHARED_STATE_GROUPS as one unit."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class SharedModelScheduling(LoadFileScheduling):
+    class SharedStateScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return _GROUP_OF_FILE.get(scope, scope)
+            return work_unit(nodeid)
 
-    return SharedModelScheduling(config, log)
+    return SharedStateScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
