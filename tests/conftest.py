@@ -25,18 +25,19 @@ def cli_overrides(overrides: tuple[str, ...] | list[str]) -> list[str]:
 
 # Test files that take minutes: collected first, so the parallel workers start them first instead of ending
 # the run with one of them alone (the order of the tests inside a file is kept).
-LONG_FILES = ("serving/test_soak_bench.py", "model/test_batched.py", "train/test_trainer.py",
-              "serving/test_cluster_bench.py", "train/test_commands.py", "tests/test_export.py",
-              "train/test_length_curve.py", "bench/test_bench_smoke.py", "data/test_events.py")
+LONG_FILES = ("serving/test_soak_bench.py", "model/test_batched.py", "model/test_batched_prefill.py",
+              "train/test_trainer.py", "serving/test_cluster_bench.py", "train/test_commands.py",
+              "tests/test_export.py", "train/test_length_curve.py", "bench/test_bench_smoke.py", "data/test_events.py")
 
 
 # Test files that share per-process state run as one unit of the parallel run, so in one worker process: the
 # compiled graphs of the tiny models of tests/model/conftest.py:shared_tiny, and the training run of
 # tests/train/conftest.py:trained_run.
+# The tiny-model files are two units, so that neither is the run's critical path (each compiles for minutes).
 SHARED_STATE_GROUPS = {
-    "shared tiny models": ("tests/model/test_batched.py", "tests/model/test_batched_prefill.py",
-                           "tests/model/test_numpy_oracle.py", "tests/model/test_fused_vs_reference.py",
-                           "tests/model/test_exactness.py"),
+    "shared tiny models: batched ranks": ("tests/model/test_batched.py", "tests/model/test_exactness.py"),
+    "shared tiny models: prefills, oracle": ("tests/model/test_batched_prefill.py", "tests/model/test_numpy_oracle.py",
+                                             "tests/model/test_fused_vs_reference.py"),
     "trained tiny run": ("tests/train/test_trainer.py", "tests/train/test_evaluate.py",
                          "tests/train/test_averaging.py", "tests/train/test_cap_curve.py"),
 }
