@@ -12,11 +12,17 @@ from tests.relay.test_engine_fake import CANDS, clocked_engine, hist, relay
 from tests.waiting import wait_until
 
 
-def queued_ranks(eng, users: dict[str, dict]) -> dict[str, object]:
-    """Rank every user while the device thread is held, so all of them queue; then let it go."""
+def hold_device_thread(eng) -> threading.Event:
+    """Occupy the engine's device thread until the returned event is set, so the work submitted meanwhile queues."""
     gate, running = threading.Event(), threading.Event()
     eng.executor.submit(lambda: running.set() or gate.wait(10))
     assert running.wait(10)
+    return gate
+
+
+def queued_ranks(eng, users: dict[str, dict]) -> dict[str, object]:
+    """Rank every user while the device thread is held, so all of them queue; then let it go."""
+    gate = hold_device_thread(eng)
     with ThreadPoolExecutor(len(users)) as pool:
         futures = {u: pool.submit(eng.rank, u, h, CANDS) for u, h in users.items()}
         wait_until(lambda: eng.executor.depth() == len(users), what="every rank to queue")
@@ -92,9 +98,7 @@ def test_prefills_queued_together_run_their_chunks_in_shared_calls_and_serve_exa
     then served from its slot with exact scores."""
     eng, _ = clocked_engine("relay.max_prefill_batch=4", "relay.max_rank_batch=4")
     try:
-        gate, running = threading.Event(), threading.Event()
-        eng.executor.submit(lambda: running.set() or gate.wait(10))
-        assert running.wait(10)
+        gate = hold_device_thread(eng)
         users = {"a": hist(800, 100), "b": hist(801, 70), "c": hist(802, 40)}  # 4, 3 and 2 chunks of 32
         for u, h in users.items():
             assert eng.preinfer(u, h, num_candidates=10).admitted
@@ -126,9 +130,7 @@ def test_a_failed_batched_prefill_call_drops_every_relay_of_the_batch_and_frees_
     slot freed, and the users' ranks then take the full path with exact scores."""
     eng, _ = clocked_engine("relay.max_prefill_batch=4")
     try:
-        gate, running = threading.Event(), threading.Event()
-        eng.executor.submit(lambda: running.set() or gate.wait(10))
-        assert running.wait(10)
+        gate = hold_device_thread(eng)
 
         def broken(chunks):
             raise RuntimeError("device fault")
