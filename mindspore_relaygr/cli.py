@@ -168,7 +168,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.checkpoint:
         model.load_checkpoint(args.checkpoint)
     t0 = time.perf_counter()
-    warm_up_for_engine(model, cfg)
+    warm_up_for_engine(model, cfg, progress=lambda msg: print(f"[profile] {msg}", flush=True))
     latency = calibrate_for_engine(model, cfg, repeats=args.repeats)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     latency.to_json(args.out)

@@ -71,7 +71,7 @@ def run_engine_bench(config: RelayGRConfig, spec: WorkloadSpec, loads: list[floa
 
     model = RelayGRModel(config)
     t0 = time.perf_counter()
-    warm_up_for_engine(model, config)
+    warm_up_for_engine(model, config, progress=progress)
     latency = calibrate_for_engine(model, config)
     progress(f"warm-up + calibration {time.perf_counter() - t0:.0f} s; predicted full path at "
              f"{spec.max_len} tokens / {spec.num_candidates} candidates: "

@@ -108,7 +108,8 @@ def prepare(config: RelayGRConfig, progress: Progress, checkpoint: str | None = 
     if checkpoint is not None:
         model.load_checkpoint(str(checkpoint))
     t0 = time.perf_counter()
-    warm_up_for_engine(model, config)
+    warm_up_for_engine(model, config, progress=progress)
+    progress("calibrating the latency model")
     latency = calibrate_for_engine(model, config)
     progress(f"warm-up + calibration: {time.perf_counter() - t0:.0f} s")
     return model, latency

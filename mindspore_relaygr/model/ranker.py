@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from mindspore_relaygr.model.pool import EMPTY_TOKENS, PoolLayout, SlotCopy, Slo
 from mindspore_relaygr.runtime import configure_context
 
 logger = logging.getLogger(__name__)
+WARMUP_REPORT_S = 15.0  # seconds between warm-up progress reports
 
 GRAPH_KINDS = ("full", "prefix", "candidate")
 
@@ -390,7 +391,8 @@ class RelayGRModel:
         self._slot_tokens.pop(slot, None)
 
     def warmup(self, graphs: Sequence[str] = GRAPH_KINDS, max_chunk: int | None = None,
-               max_batch: int = 1, max_prefill_batch: int = 1) -> dict[str, Any]:
+               max_batch: int = 1, max_prefill_batch: int = 1,
+               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
         """Compile every bucket of the chosen graphs now, so no request pays for a compile.
 
         max_chunk: compile prefix graphs (batched ones too) only for chunks up to this many tokens (chunked
@@ -398,6 +400,8 @@ class RelayGRModel:
         max_batch: with the candidate graph, also compile the batched one for every batch bucket up to the one
         holding this many users (rank_cached_batch; nothing more when 1).
         max_prefill_batch: the same for the prefix graph and prefill_batch.
+        progress: told how far the compiles are, every WARMUP_REPORT_S seconds and at the end (a large
+        config compiles for minutes).
         """
         unknown = set(graphs) - set(GRAPH_KINDS)
         if unknown:
@@ -411,10 +415,14 @@ class RelayGRModel:
                 if not (kind in ("prefix", "prefix_batch") and max_chunk is not None and shape[-1] > max_chunk)
                 and not (kind in top_batch and shape[0] > top_batch[kind])]
         total = len(todo) + (2 * len(self.prefix_buckets) if "prefix" in graphs else 0)
+        reported = t0
         for done, (kind, shape) in enumerate(todo, 1):
             self._run_dummy(kind, shape)
-            logger.info("warm-up: graph %d of %d compiled (%s %s), %.1f s", done, total, kind, shape,
-                        time.perf_counter() - t0)
+            now = time.perf_counter()
+            logger.info("warm-up: graph %d of %d compiled (%s %s), %.1f s", done, total, kind, shape, now - t0)
+            if progress is not None and now - reported >= WARMUP_REPORT_S:
+                progress(f"warm-up: {done} of {total} graph shapes compiled ({kind} {shape}), {now - t0:.0f} s")
+                reported = now
         count = len(todo)
         if "prefix" in graphs:
             count += self._warm_slot_copies()
@@ -423,6 +431,8 @@ class RelayGRModel:
         seconds = time.perf_counter() - t0
         self.call_stats.mark_warm()
         logger.info("warm-up compiled %d graph shapes in %.1f s", count, seconds)
+        if progress is not None:
+            progress(f"warm-up: {count} graph shapes compiled in {seconds:.0f} s")
         return {"graphs": count, "seconds": seconds}
 
     def _warm_slot_copies(self) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -33,7 +33,8 @@ class DeviceModel(SlotStore, Protocol):
     prefix_buckets: Sequence[int]  # prefix-graph lengths compiled (the chunk sizes a prefill may use)
 
     def ensure_host_arena(self, nbytes: int) -> float: ...
-    def warmup(self, max_chunk: int | None = None, max_batch: int = 1, max_prefill_batch: int = 1) -> Any: ...
+    def warmup(self, max_chunk: int | None = None, max_batch: int = 1, max_prefill_batch: int = 1,
+               progress: Callable[[str], None] | None = None) -> Any: ...
     def chunk_ends(self, num_events: int, chunk_len: int) -> list[int]: ...  # events cached after each chunk
     def prefill_batch(self, chunks: Sequence[PrefillChunk]) -> list[int]: ...  # one call, one slot per chunk
     def rank_full(self, history: History, candidate_ids: np.ndarray) -> np.ndarray: ...

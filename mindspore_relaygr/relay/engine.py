@@ -72,13 +72,14 @@ def engine_chunk_bucket(model: DeviceModel, config: RelayGRConfig) -> int:
     return bucket_for(min(chunk, model.prefix_buckets[-1]), model.prefix_buckets, "chunk")
 
 
-def warm_up_for_engine(model: DeviceModel, config: RelayGRConfig, max_rank_batch: int | None = None) -> None:
+def warm_up_for_engine(model: DeviceModel, config: RelayGRConfig, max_rank_batch: int | None = None,
+                       progress: Callable[[str], None] | None = None) -> None:
     """Compile every graph shape an engine on `config` calls: the length buckets, its chunk and extension
     shapes, and the rank and prefill batches up to `relay.max_rank_batch` (or `max_rank_batch`) and
-    `relay.max_prefill_batch`."""
+    `relay.max_prefill_batch`; `progress` hears how far the compiles are."""
     model.warmup(max_chunk=engine_chunk_bucket(model, config),
                  max_batch=max_rank_batch or config.relay.max_rank_batch,
-                 max_prefill_batch=config.relay.max_prefill_batch)
+                 max_prefill_batch=config.relay.max_prefill_batch, progress=progress)
 
 
 def calibrate_for_engine(model: DeviceModel, config: RelayGRConfig, repeats: int = 3,

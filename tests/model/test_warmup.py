@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mindspore_relaygr import load_config
@@ -10,15 +12,22 @@ from tests.conftest import CONFIGS
 pytestmark = pytest.mark.slow
 
 
-def test_prefix_warmup_covers_slot_copies_and_leaves_slot_zero_free():
+def test_prefix_warmup_covers_slot_copies_and_leaves_slot_zero_free(monkeypatch):
     """After a prefix warm-up, spilling (export) and reloading (import) a prefix of any bucket runs only
     signatures the warm-up compiled: no graph call is cold. (Two length buckets: each more adds its chunk x past
-    pairs to compile.)"""
-    from mindspore_relaygr.model import RelayGRModel
+    pairs to compile.) Its progress counts the compiles up to the total (reported after every one here)."""
+    from mindspore_relaygr.model import RelayGRModel, ranker
     from mindspore_relaygr.model.inputs import synthetic_history
 
+    monkeypatch.setattr(ranker, "WARMUP_REPORT_S", 0.0)
     model = RelayGRModel(load_config(CONFIGS / "tiny.yaml", ["cache.num_slots=2", "model.len_buckets=[64, 128]"]))
-    model.warmup(graphs=("prefix",))
+    said: list[str] = []
+    result = model.warmup(graphs=("prefix",), progress=said.append)
+    steps = [re.match(r"warm-up: (\d+) of (\d+) graph shapes compiled \(prefix ", m) for m in said[:-1]]
+    assert all(steps), said
+    assert [int(m[1]) for m in steps] == list(range(1, len(steps) + 1))
+    assert {int(m[2]) for m in steps} == {result["graphs"]}  # the total counts the slot copies too
+    assert re.fullmatch(rf"warm-up: {result['graphs']} graph shapes compiled in \d+ s", said[-1]), said[-1]
     with pytest.raises(ValueError, match="holds nothing"):
         model.export_slot(0)
     for bucket in model.prefix_buckets:
