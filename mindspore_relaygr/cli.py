@@ -327,7 +327,8 @@ def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
     model.add_argument("--suffix", type=int, default=32, help="short-term events computed at ranking time")
     model.add_argument("--repeats", type=int, default=10)
     model.add_argument("--batch", type=int, nargs="*", default=[],
-                       help="also time the cached path for this many users per call, e.g. 2 4 8")
+                       help="also time this many users per call, e.g. 2 4 8: the cached path (rank_cached_batch) "
+                            "and the last trigger.prefill_chunk_len-event prefill chunk (prefill_batch)")
     model.add_argument("--out", default="outputs/bench_model.json")
     model.set_defaults(func=cmd_bench_model)
 

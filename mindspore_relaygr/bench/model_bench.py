@@ -80,7 +80,7 @@ def _rss_mb() -> float:
 
 @dataclass
 class PathResult:
-    path: str  # full | prefill | cached | cached_batch
+    path: str  # full | prefill | cached | cached_batch | prefill_chunk | prefill_batch
     prefix_len: int
     candidates: int
     suffix_len: int
@@ -97,7 +97,8 @@ class PathResult:
     gemm_time_share: float | None = None  # inside the tile GEMMs
     elementwise_time_share: float | None = None  # in the fused elementwise work (bias + SiLU, layer norm, ...)
     kernel_time_share: float | None = None  # anywhere in the kernels' parallel loops (includes both above)
-    batch: int = 1  # users per call (cached_batch: one rank_cached_batch call for this many users)
+    batch: int = 1  # users per call (cached_batch, prefill_batch: one batched call for this many users)
+    chunk_len: int = 0  # prefill_chunk, prefill_batch: events computed per user, after prefix_len - chunk_len cached
 
 
 PROFILE_CALLS = 5
@@ -135,7 +136,9 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
     """Run the sweep; returns a JSON-able dict with the machine matmul rate and every result row.
 
     `batches`: also time the cached path for that many users per call (`rank_cached_batch`, each user its own
-    slot of the same length), next to the single-user call; the config needs that many slots."""
+    slot of the same length), next to the single-user call, and the last prefill chunk
+    (`trigger.prefill_chunk_len` events after the rest of the prefix) of that many users in one `prefill_batch`
+    call, next to one user's chunk alone; the config needs that many slots."""
     from mindspore_relaygr.model import RelayGRModel
 
     model = RelayGRModel(config)
@@ -151,12 +154,13 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
     rng = np.random.default_rng(0)
     rows: list[PathResult] = []
 
-    def timed(path: str, p: int, m: int, suffix: int, fn, flops: float, batch: int = 1) -> PathResult:
+    def timed(path: str, p: int, m: int, suffix: int, fn, flops: float, batch: int = 1,
+              chunk_len: int = 0) -> PathResult:
         first, mem, med, p99 = _time(fn, repeats)
         probes.append(measure_matmul_gflops())
         kernel_split = _kernel_profile(fn, flops, profile) if profile is not None else {}
         row = PathResult(path, p, m, suffix, med, p99, first, mem, flops / med / 1e6, max(probes[-2], probes[-1]),
-                         **kernel_split, batch=batch)
+                         **kernel_split, batch=batch, chunk_len=chunk_len)
         rows.append(row)
         return row
 
@@ -188,6 +192,17 @@ def run_model_bench(config: RelayGRConfig, prefix_lens: list[int], candidates: l
                             b * count_flops(cfg, "cached", suffix_len, m, past=n_pre + user), batch=b)
                 progress(f"P={p} M={m} B={b}: {row.median_ms:.1f} ms per call, {row.median_ms / b:.1f} ms per user "
                          f"(single call {cac.median_ms:.1f} ms: {cac.median_ms * b / row.median_ms:.2f}x)")
+        if batches:
+            chunk = min(config.trigger.prefill_chunk_len, p - user)
+            chunks = _prefill_chunks(model, cfg, p, user, chunk, max(batches))
+            flops = count_flops(cfg, "prefill", chunk, past=p - chunk)
+            one = timed("prefill_chunk", p, 0, 0, lambda c=chunks[0]: model.prefill(c.slot, c.history, c.start),
+                        flops, chunk_len=chunk)
+            for b in batches:
+                row = timed("prefill_batch", p, 0, 0, lambda c=chunks[:b]: model.prefill_batch(c), b * flops,
+                            batch=b, chunk_len=chunk)
+                progress(f"P={p} chunk {chunk} B={b}: {row.median_ms:.1f} ms per call, {row.median_ms / b:.1f} ms per "
+                         f"user (one chunk alone {one.median_ms:.1f} ms: {one.median_ms * b / row.median_ms:.2f}x)")
     progress(f"matmul 2048^2 fp32 after the sweep: {probes[-1]:.1f} GFLOP/s "
              f"(range over the run {min(probes):.1f}-{max(probes):.1f})")
     matmul = max(probes)
@@ -215,6 +230,24 @@ def _batch_requests(model, cfg: ModelConfig, p: int, user: int, suffix_len: int,
                 pass
         requests.append(CachedRank(slot, n_pre, suf, cands))
     return requests
+
+
+def _prefill_chunks(model, cfg: ModelConfig, p: int, user: int, chunk: int, batch: int) -> list:
+    """The last `chunk` events of a P-token prefix for `batch` users in slots 0..batch-1, each slot holding the
+    events before them."""
+    from mindspore_relaygr.model.inputs import PrefillChunk
+
+    start = p - user - chunk
+    chunks = []
+    for slot in range(batch):
+        hist = synthetic_history(cfg, p - user, seed=p * 1000 + slot)
+        model.release_slot(slot)
+        if start:
+            for _ in model.prefill_steps(slot, {k: (v if k == "user_features" else v[:start])
+                                                for k, v in hist.items()}, cfg.len_buckets[0]):
+                pass
+        chunks.append(PrefillChunk(slot, hist, start))
+    return chunks
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -247,6 +280,16 @@ def format_table(report: dict[str, Any]) -> str:
         for r in batched:
             single = by[("cached", r["prefix_len"], r["candidates"])]["median_ms"]
             lines.append(f"{r['prefix_len']:>5} {r['candidates']:>4} {r['batch']:>3} | {r['median_ms']:>8.1f} "
+                         f"{r['median_ms'] / r['batch']:>8.1f} {single:>9.1f} | "
+                         f"{single * r['batch'] / r['median_ms']:>7.2f}x")
+    chunked = [r for r in res if r["path"] == "prefill_batch"]
+    if chunked:
+        lines += ["", "Prefill, the last chunk of a P-token prefix for B users per call (prefill_batch) against one "
+                  "user's chunk alone:",
+                  f"{'P':>5} {'chunk':>5} {'B':>3} | {'ms/call':>8} {'ms/user':>8} {'single ms':>9} | {'speed-up':>8}"]
+        for r in chunked:
+            single = by[("prefill_chunk", r["prefix_len"], 0)]["median_ms"]
+            lines.append(f"{r['prefix_len']:>5} {r['chunk_len']:>5} {r['batch']:>3} | {r['median_ms']:>8.1f} "
                          f"{r['median_ms'] / r['batch']:>8.1f} {single:>9.1f} | "
                          f"{single * r['batch'] / r['median_ms']:>7.2f}x")
     profiled = [r for r in res if r.get("gemm_gflops") is not None]

@@ -84,11 +84,17 @@ def plot_model_bench(report: dict[str, Any], path: Path, target_share: float = 0
     """`bench model`: median latency of each path vs prefix length, and each path's share of the matmul rate
     (near: the faster measurement right before / after it) with the target line."""
     plt = pyplot()
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
     rows = report["results"]
+    batched = [r for r in rows if r["path"] in ("cached_batch", "prefill_batch")]
+    fig, axes = plt.subplots(1, 3 if batched else 2, figsize=(18 if batched else 12, 4.2))
+    ax, bx = axes[0], axes[1]
+    if batched:
+        _plot_per_user_by_batch(axes[2], rows)
     series: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        label = "prefill" if r["path"] == "prefill" else f"{r['path']} M={r['candidates']}"
+        label = r["path"] if r["path"].startswith("prefill") else f"{r['path']} M={r['candidates']}"
+        if r.get("batch", 1) > 1:
+            label += f" B={r['batch']}"
         series.setdefault(label, []).append(r)
     for label, pts in sorted(series.items()):
         pts = sorted(pts, key=lambda r: r["prefix_len"])
@@ -111,6 +117,30 @@ def plot_model_bench(report: dict[str, Any], path: Path, target_share: float = 0
     bx.legend(fontsize=7, ncol=2)
     save_figure(fig, path)
     plt.close(fig)
+
+
+def _plot_per_user_by_batch(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """Median ms per user against users per call, one line per graph and prefix length (1 = the one-user call)."""
+    single = {"cached_batch": "cached", "prefill_batch": "prefill_chunk"}
+    for path, style in (("cached_batch", "s-"), ("prefill_batch", "^-")):
+        for p in sorted({r["prefix_len"] for r in rows if r["path"] == path}):
+            pts = [r for r in rows if r["prefix_len"] == p and (r["path"] == single[path] or r["path"] == path)]
+            pts = sorted(pts, key=lambda r: r.get("batch", 1))
+            if path == "cached_batch":  # one line per candidate count
+                for m in sorted({r["candidates"] for r in pts}):
+                    mine = [r for r in pts if r["candidates"] == m]
+                    ax.plot([r.get("batch", 1) for r in mine], [r["median_ms"] / r.get("batch", 1) for r in mine],
+                            style, label=f"cached rank P={p} M={m}")
+            else:
+                ax.plot([r.get("batch", 1) for r in pts], [r["median_ms"] / r.get("batch", 1) for r in pts], style,
+                        label=f"prefill chunk of {pts[-1].get('chunk_len', 0)} at P={p}")
+    batches = sorted({r.get("batch", 1) for r in rows})
+    ax.set(xlabel="users per call", ylabel="median ms per user", xscale="log", ylim=(0, None),
+           title="per-user time in batched calls (flat: no gain)")
+    ax.xaxis.set_minor_locator(matplotlib_ticker().NullLocator())
+    ax.set_xticks(batches)
+    ax.set_xticklabels([str(b) for b in batches])
+    ax.legend(fontsize=7)
 
 
 def plot_max_seq(result: dict[str, Any], path: Path) -> None:

@@ -33,6 +33,8 @@ def test_bench_model(tmp_path, capsys):
                 "2",
                 "--batch",
                 "2",
+                "-o",
+                "trigger.prefill_chunk_len=24",
                 "--out",
                 str(out),
             ]
@@ -40,9 +42,13 @@ def test_bench_model(tmp_path, capsys):
         == 0
     )
     report = json.loads(out.read_text())
-    assert {r["path"] for r in report["results"]} == {"full", "prefill", "cached", "cached_batch"}
+    assert {r["path"] for r in report["results"]} == {"full", "prefill", "cached", "cached_batch", "prefill_chunk",
+                                                     "prefill_batch"}
     batched = [r for r in report["results"] if r["path"] == "cached_batch"]
     assert [r["batch"] for r in batched] == [2] and all(r["batch"] == 1 for r in report["results"][:3])
+    # the last 24 events of a 64-token prefix (63 events after the user token), alone and for 2 users in one call
+    chunked = [(r["path"], r["batch"], r["chunk_len"]) for r in report["results"] if r["path"].startswith("prefill_")]
+    assert chunked == [("prefill_chunk", 1, 24), ("prefill_batch", 2, 24)]
     probes = report["matmul_gflops_all"]
     assert len(probes) == 1 + len(report["results"])  # before the sweep, then after every path
     assert report["matmul_gflops"] == max(probes) > 0
@@ -60,7 +66,8 @@ def test_bench_model(tmp_path, capsys):
         assert row["gemm_time_share"] > 0 and row["elementwise_time_share"] > 0
         assert row["gemm_time_share"] + row["elementwise_time_share"] <= row["kernel_time_share"]
     printed = capsys.readouterr().out
-    assert "full/cached" in printed and "Kernel profile" in printed and "B users per call" in printed
+    assert "full/cached" in printed and "Kernel profile" in printed
+    assert "B users per call (rank_cached_batch)" in printed and "B users per call (prefill_batch)" in printed
     assert (tmp_path / "model.config.yaml").is_file()
     assert (tmp_path / "model.png").stat().st_size > 10_000  # latency and share plot
 
