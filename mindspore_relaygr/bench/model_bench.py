@@ -235,16 +235,15 @@ def _batch_requests(model, cfg: ModelConfig, p: int, user: int, suffix_len: int,
 def _prefill_chunks(model, cfg: ModelConfig, p: int, user: int, chunk: int, batch: int) -> list:
     """The last `chunk` events of a P-token prefix for `batch` users in slots 0..batch-1, each slot holding the
     events before them."""
-    from mindspore_relaygr.model.inputs import PrefillChunk
+    from mindspore_relaygr.model.inputs import PrefillChunk, validate_history
 
     start = p - user - chunk
     chunks = []
     for slot in range(batch):
-        hist = synthetic_history(cfg, p - user, seed=p * 1000 + slot)
+        hist = validate_history(cfg, synthetic_history(cfg, p - user, seed=p * 1000 + slot))
         model.release_slot(slot)
         if start:
-            for _ in model.prefill_steps(slot, {k: (v if k == "user_features" else v[:start])
-                                                for k, v in hist.items()}, cfg.len_buckets[0]):
+            for _ in model.prefill_steps(slot, hist.slice(0, start), cfg.len_buckets[0]):
                 pass
         chunks.append(PrefillChunk(slot, hist, start))
     return chunks
