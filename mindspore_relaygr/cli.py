@@ -101,7 +101,8 @@ def cmd_bench_batching(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, [f"cache.num_slots={args.users}", *args.override])
     report = run_batch_bench(cfg, args.users, args.clients, args.events, args.suffix, args.candidates, args.batch,
-                             args.seconds, args.rounds, progress=lambda msg: print(f"[bench] {msg}", flush=True))
+                             args.seconds, args.rounds, progress=lambda msg: print(f"[bench] {msg}", flush=True),
+                             low_qps=args.low_qps, low_requests=args.low_requests)
     report["config"] = str(args.config)
     print(format_table(report))
     out = Path(args.out)
@@ -342,6 +343,9 @@ def build_parser(extend: CommandHook | None = None) -> argparse.ArgumentParser:
     batching.add_argument("--batch", type=int, default=8, help="relay.max_rank_batch of the batched runs")
     batching.add_argument("--seconds", type=float, default=20.0, help="length of each run")
     batching.add_argument("--rounds", type=int, default=3, help="pairs of runs, in alternating order")
+    batching.add_argument("--low-qps", type=float, default=8.0,
+                          help="low load: open-loop Poisson ranks per second after each closed-loop run (0: skip)")
+    batching.add_argument("--low-requests", type=int, default=1000, help="ranks per low-load run")
     batching.add_argument("--out", default="outputs/bench_batching.json")
     batching.set_defaults(func=cmd_bench_batching)
 

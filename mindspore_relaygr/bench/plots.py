@@ -352,19 +352,35 @@ def plot_soak(report: dict[str, Any], path: Path) -> None:
 
 
 def plot_batch_bench(report: dict[str, Any], path: Path) -> None:
-    """`bench batching`: ranks per second of each run (one rank per device call vs batched), round by round."""
+    """`bench batching`: ranks per second of each run (one rank per device call vs batched), round by round; with
+    a low-load phase, each run's P99 and its interval beside it."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    low = report.get("low_load")
+    fig, axes = plt.subplots(1, 2 if low else 1, figsize=(12 if low else 7, 4), squeeze=False)
     rounds = sorted({x["round"] for x in report["runs"]})
+    ax = axes[0][0]
     for offset, size in ((-0.2, 1), (0.2, report["batch"])):
         runs = {x["round"]: x for x in report["runs"] if x["max_rank_batch"] == size}
         ax.bar([r + 1 + offset for r in rounds], [runs[r]["ranks_per_s"] for r in rounds], width=0.4,
                label=f"relay.max_rank_batch = {size}")
     ax.set(xlabel="round (the two runs of a round alternate their order)", ylabel="ranks per second",
-           title=f"{report['users']} users x {report['events']} events, {report['clients']} closed-loop clients: "
-                 f"{report['ratio_median']:.2f}x (median)")
+           title=f"saturation, {report['clients']} closed-loop clients: {report['ratio_median']:.2f}x (median)")
     ax.set_xticks([r + 1 for r in rounds])
     ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    if low:
+        ax = axes[0][1]
+        for offset, size in ((-0.2, 1), (0.2, report["batch"])):
+            runs = {x["round"]: x for x in low["runs"] if x["max_rank_batch"] == size}
+            p99 = [runs[r]["p99_ms"] for r in rounds]
+            err = [[runs[r]["p99_ms"] - runs[r]["p99_low_ms"] for r in rounds],
+                   [runs[r]["p99_high_ms"] - runs[r]["p99_ms"] for r in rounds]]
+            ax.bar([r + 1 + offset for r in rounds], p99, width=0.4, yerr=err, capsize=3,
+                   label=f"relay.max_rank_batch = {size}")
+        ax.set(xlabel="round", ylabel="P99 ms (95% bootstrap interval)",
+               title=f"{low['qps']:g} QPS open loop: P99 batched / unbatched {low['p99_ratio']:.3f}x")
+        ax.set_xticks([r + 1 for r in rounds])
+        ax.legend(loc="lower right")
+    fig.suptitle(f"{report['users']} users x {report['events']} events, {report['candidates']} candidates, "
+                 f"ranks served from their device slots", fontsize=10)
+    save_figure(fig, path)
     plt.close(fig)
