@@ -235,15 +235,17 @@ class RelayConfig:
     # slot if it is there.
     ready_ttl_ms: float = 2000.0
     # Ranks served from device slots that the device thread runs in one call: what is already queued when a
-    # rank comes up joins it, up to this many (it never waits for more), padded to model.batch_buckets.
-    # 1: one rank per call.
+    # rank comes up joins it, up to this many (it never waits for more); of those, the call takes the number
+    # that costs least per rank by the calibrated batch factors, padded to model.batch_buckets (three queued
+    # on a CPU run as two, then one). 1: one rank per call.
     max_rank_batch: int = 1
     # How much later a batch may make its first rank finish than ranking it alone (ms, by the latency model's
     # forecasts, batch factors included): a queued rank joins only while the batch stays within it. null: no
     # bound (up to max_rank_batch join). Only read when max_rank_batch > 1.
     max_batch_delay_ms: float | None = None
     # Prefill chunks of different relays that the device thread runs in one call (RelayGRModel.prefill_batch): the
-    # chunks queued when one comes up join it, up to this many, padded to model.batch_buckets. 1: one per call.
+    # chunks queued when one comes up join it, up to this many and never more than the largest of
+    # model.batch_buckets they fill (no padding: a chunk costs what it would alone). 1: one per call.
     max_prefill_batch: int = 1
     # Admission control of ranks (serving): admit a rank only while the unfinished ranks ahead of it and
     # itself are predicted to drain within admission_fraction * trigger.slo_ms; others get 503 at once.

@@ -18,6 +18,7 @@ from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from mindspore_relaygr.config import RelayGRConfig
 from mindspore_relaygr.model.inputs import History, PrefillChunk, validate_candidates, validate_history
 from mindspore_relaygr.relay.audit import TOLERANCE as AUDIT_TOLERANCE
 from mindspore_relaygr.relay.audit import ExactnessAudit
-from mindspore_relaygr.relay.batching import RankForecast, delay_of_first_ms, queue_share
+from mindspore_relaygr.relay.batching import RankForecast, batch_size, delay_of_first_ms, queue_share, unpadded_size
 from mindspore_relaygr.relay.device_model import CachedRank, DeviceModel
 from mindspore_relaygr.relay.executor import (
     AUDIT,
@@ -213,8 +214,9 @@ class RelayEngine:
         """Queue a relay's device work (ledger lock held, so nobody sees the relay without its future); `batched`:
         its chunks are DeviceRequests that the device thread runs with other relays' (relay.max_prefill_batch)."""
         if batched:
-            relay.future = self.executor.submit_batched_steps(self._settling(steps), self._prefill_batch_on_device,
-                                                              self.config.relay.max_prefill_batch, PREFILL, label)
+            relay.future = self.executor.submit_batched_steps(
+                self._settling(steps), self._prefill_batch_on_device, self.config.relay.max_prefill_batch, PREFILL,
+                label, batch_size=partial(unpadded_size, self.config.model.batch_buckets))
         else:
             relay.future = self.executor.submit_steps(self._settling(steps), PREFILL, label=label)
         relay.future.add_done_callback(lambda f, r=relay: self._relay_done(r, f))
@@ -389,7 +391,8 @@ class RelayEngine:
                          forecast=self._forecast(user_id, hist, cands) if bounded else None)
         scores, tier, events = self.executor.submit_batched(item, self._rank_batch_on_device, relay.max_rank_batch,
                                                             RANK, label="rank",
-                                                            may_join=self._batch_fits if bounded else None).result()
+                                                            may_join=self._batch_fits if bounded else None,
+                                                            batch_size=partial(batch_size, self.latency)).result()
         timing = item.timing
         timing.update(wait=wait_ms, total=(self._clock() - t0) * 1e3)
         truncated = events < len(hist)

@@ -52,14 +52,17 @@ class DeviceExecutor:
 
     def submit_batched(self, item: Any, run: Callable[[list[Any]], list[Outcome]], max_batch: int,
                        priority: int = RANK, label: str = "batch",
-                       may_join: Callable[[list[Any]], bool] | None = None) -> Future:
+                       may_join: Callable[[list[Any]], bool] | None = None,
+                       batch_size: Callable[[int], int] | None = None) -> Future:
         """Run `item` on the device thread together with the items queued right behind it that were submitted
         with the same `run` and priority: one `run(items)` call for up to `max_batch` of them, which returns
         one Outcome per item, in order. The batch is formed from what is already queued when the first item
         comes up: the thread never waits for more to arrive. `may_join(items)` (the first item's; items = the
         batch so far and the next candidate) can stop the batch before `max_batch`, e.g. to bound how much
-        a larger batch delays its first member; the candidate then leads the next batch."""
-        return self._put(priority, _Batched(item, run, max_batch, label, may_join))
+        a larger batch delays its first member; the candidate then leads the next batch. `batch_size(n)` (the
+        first item's) then says how many of the n gathered run in this call (1..n, e.g. to avoid padding to a
+        larger batch bucket); the rest go back to the queue at their places and lead the next call."""
+        return self._put(priority, _Batched(item, run, max_batch, label, may_join, batch_size))
 
     def submit_steps(self, steps: Iterator[Any], priority: int = PREFILL, label: str = "steps") -> Future:
         """Run a generator one step at a time, yielding the thread to higher-priority work in between.
@@ -69,13 +72,15 @@ class DeviceExecutor:
         return self._put(priority, _Steps(steps, label))
 
     def submit_batched_steps(self, steps: Iterator[Any], run: Callable[[list[Any]], list[Outcome]], max_batch: int,
-                             priority: int = PREFILL, label: str = "steps") -> Future:
+                             priority: int = PREFILL, label: str = "steps",
+                             batch_size: Callable[[int], int] | None = None) -> Future:
         """`submit_steps` for a generator whose device work comes as requests: it yields `DeviceRequest(payload)`
         where it needs the device, and receives the result (or has the error thrown in). When its request comes
         up, the thread takes the generators queued right behind it with the same `run` and priority, runs each to
         its next request (their host work) and calls `run(payloads)` once for up to `max_batch` of them, which
-        returns one Outcome per payload, in order. Any other yield is a step boundary, as in `submit_steps`."""
-        return self._put(priority, _BatchedSteps(steps, run, max_batch, label))
+        returns one Outcome per payload, in order. Any other yield is a step boundary, as in `submit_steps`.
+        `batch_size` as in `submit_batched`: the generators left out keep their requests for the next call."""
+        return self._put(priority, _BatchedSteps(steps, run, max_batch, label, batch_size))
 
     def step_stats(self) -> dict[str, dict[str, float]]:
         """Per task label: steps run and the longest single step (ms) since the last reset: what a
@@ -199,9 +204,26 @@ class DeviceExecutor:
                 members.append(member)
                 if len(members) + 1 >= first.max_batch:
                     break
+            members = self._keep(first, members)
         with self._lock:
             self._running_with = len(members)
         return members
+
+    def _keep(self, first: _Batched | _BatchedSteps, members: list[tuple[Any, Future]]) -> list[tuple[Any, Future]]:
+        """The members that run with `first` as its `batch_size` chooses; the others go back to the queue at
+        their places (their sequence numbers), ahead of anything queued after them."""
+        if first.batch_size is None or not members:
+            return members
+        try:
+            size = int(first.batch_size(len(members) + 1))
+        except Exception:  # noqa: BLE001 - the batch as gathered is always safe
+            logger.exception("batch_size failed; the batch runs as gathered")
+            return members
+        size = min(max(size, 1), len(members) + 1)
+        with self._lock:
+            for task, future in members[size - 1:]:
+                self._enqueue(task, future)
+        return members[: size - 1]
 
     def _run_batch(self, first: _Batched, future: Future) -> None:
         """One device call for `first` and the tasks queued behind it; each future gets its own outcome."""
@@ -263,6 +285,7 @@ class DeviceExecutor:
                     batch.append((task, other))
                 if len(batch) >= first.max_batch:
                     break
+            batch = [batch[0], *self._keep(first, batch[1:])]
         sizes = self._batches.setdefault(first.label, {})
         sizes[len(batch)] = sizes.get(len(batch), 0) + 1
         with self._lock:
@@ -384,11 +407,11 @@ class _BatchedSteps(_Task):
     """A generator whose device work comes as DeviceRequests, run in batches by the device thread."""
 
     def __init__(self, steps: Iterator[Any], run: Callable[[list[Any]], list[Outcome]], max_batch: int,
-                 label: str) -> None:
+                 label: str, batch_size: Callable[[int], int] | None = None) -> None:
         super().__init__(label)
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch!r}: must be >= 1")
-        self.steps, self.run, self.max_batch = steps, run, max_batch
+        self.steps, self.run, self.max_batch, self.batch_size = steps, run, max_batch, batch_size
         self.pending: Any = None  # the payload of the request it waits on
         self.inbox: Outcome | None = None  # the outcome of its last request, not yet sent in
 
@@ -428,11 +451,13 @@ def _joins(first: _Batched, members: list[_Batched], task: _Task) -> bool:
 
 class _Batched(_Task):
     def __init__(self, item: Any, run: Callable[[list[Any]], list[Outcome]], max_batch: int, label: str,
-                 may_join: Callable[[list[Any]], bool] | None = None) -> None:
+                 may_join: Callable[[list[Any]], bool] | None = None,
+                 batch_size: Callable[[int], int] | None = None) -> None:
         super().__init__(label)
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch!r}: must be >= 1")
         self.item, self.run, self.max_batch, self.may_join = item, run, max_batch, may_join
+        self.batch_size = batch_size
 
     def step(self) -> tuple[bool, Any]:  # never called: the thread runs batches through _run_batch
         raise NotImplementedError

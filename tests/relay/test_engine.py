@@ -368,10 +368,11 @@ def test_a_rank_submitted_during_a_long_prefill_finishes_first(make_engine):
 
 
 def test_prefills_admitted_together_are_batched_on_the_device_and_ranked_exactly(make_engine, model):
-    """relay.max_prefill_batch 4 on the tiny model: three relays admitted while the device is busy write their
-    chunks through the batched prefix graphs; every rank from their slots equals rank_full within R1."""
+    """relay.max_prefill_batch 4 on the tiny model: four relays admitted while the device is busy write their
+    chunks through the batched prefix graphs (first chunks, then extensions, four at a time while four are
+    left); every rank from their slots equals rank_full within R1."""
     eng = make_engine("relay.max_prefill_batch=4")
-    users = {f"p{i}": hist(900 + i, 45 + 30 * i) for i in range(3)}  # 2, 3 and 4 chunks of 32 tokens
+    users = {f"p{i}": hist(900 + i, 40 + 20 * i) for i in range(4)}  # 2, 2, 3 and 4 chunks of 32 tokens
     cands = np.arange(1, 17)
     gate, running = threading.Event(), threading.Event()
     eng.executor.submit(lambda: running.set() or gate.wait(30))
@@ -382,7 +383,7 @@ def test_prefills_admitted_together_are_batched_on_the_device_and_ranked_exactly
     gate.set()
     eng.wait_prefills(120)
     kinds = {row["kind"] for row in model.call_stats.slowest(100)}
-    assert {"prefix_batch", "extend_batch"} <= kinds and eng.executor.batch_stats()["prefill_chunk"].get(3) == 2
+    assert {"prefix_batch", "extend_batch"} <= kinds and eng.executor.batch_stats()["prefill_chunk"].get(4) == 2
     for u, h in users.items():
         res = eng.rank(u, h, cands)
         assert res.cache == "device"

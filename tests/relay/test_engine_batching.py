@@ -8,7 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tests.relay.test_engine_fake import CANDS, clocked_engine, hist, relay
+from mindspore_relaygr import load_config
+from mindspore_relaygr.relay.engine import RelayEngine
+from mindspore_relaygr.relay.latency import LatencyModel
+from tests.conftest import CONFIGS
+from tests.relay.fake_model import FakeModel
+from tests.relay.test_engine_fake import BASE, CANDS, clocked_engine, hist, latency, relay
 from tests.waiting import wait_until
 
 
@@ -64,6 +69,27 @@ def test_an_idle_device_ranks_at_once_and_max_rank_batch_1_never_batches():
             eng.close()
 
 
+def test_queued_ranks_never_run_padded_to_a_bucket_that_costs_more_per_rank():
+    """Batch factors as measured on a 2-core CPU (1, 0.92, 0.83 at 1, 2 and 4 users): three queued cached ranks
+    padded to four would cost 1.11 single calls each, so the device thread ranks two together and then the
+    third; four queued run as one call of four. Every score stays exact."""
+    cfg = load_config(CONFIGS / "tiny.yaml", [*BASE, "relay.ready_ttl_ms=1000", "relay.max_rank_batch=4"])
+    measured = LatencyModel(latency().points, batch_factors={1: 1.0, 2: 0.92, 4: 0.83})
+    for queued, calls, steps in ((3, [2], {1: 1, 2: 1}), (4, [4], {4: 1})):
+        eng = RelayEngine(cfg, FakeModel(cfg), measured)
+        try:
+            users = {f"w{i}": hist(700 + i) for i in range(queued)}
+            for u, h in users.items():
+                relay(eng, u, h)
+            results = queued_ranks(eng, users)
+            assert eng.model.batch_calls == calls and eng.executor.batch_stats() == {"rank": steps}
+            for u, h in users.items():
+                assert results[u].cache == "device"
+                np.testing.assert_array_equal(results[u].scores, eng.model.rank_full(h, CANDS))
+        finally:
+            eng.close()
+
+
 def test_max_batch_delay_ms_bounds_how_much_later_the_first_rank_finishes():
     """Cached ranks of one shape cost 5 ms alone and, with no batch factors measured, B x 5 ms together: a
     batch of B delays its first rank by (B - 1) x 5 ms. The bound stops the batch there; the rest lead the
@@ -94,8 +120,9 @@ def test_max_batch_delay_ms_bounds_how_much_later_the_first_rank_finishes():
 
 def test_prefills_queued_together_run_their_chunks_in_shared_calls_and_serve_exact_ranks():
     """relay.max_prefill_batch 4: three pre-infers admitted while the device is busy prefill their 32-event chunks
-    together (chunk i of every relay in one prefill_batch call; the shorter histories drop out); each relay is
-    then served from its slot with exact scores."""
+    in shared prefill_batch calls, two at a time (three would pad to the batch bucket of four: a third more work
+    for chunks that cost what they would alone), the one left out leading the next call; the shorter histories
+    drop out. Each relay is then served from its slot with exact scores."""
     eng, _ = clocked_engine("relay.max_prefill_batch=4", "relay.max_rank_batch=4")
     try:
         gate = hold_device_thread(eng)
@@ -104,8 +131,8 @@ def test_prefills_queued_together_run_their_chunks_in_shared_calls_and_serve_exa
             assert eng.preinfer(u, h, num_candidates=10).admitted
         gate.set()
         eng.wait_prefills(10)
-        assert eng.model.prefill_calls == [3, 3, 2, 1]
-        assert eng.executor.batch_stats()["prefill_chunk"] == {1: 1, 2: 1, 3: 2}
+        assert eng.model.prefill_calls == [2, 2, 2, 2, 1]
+        assert eng.executor.batch_stats()["prefill_chunk"] == {1: 1, 2: 4}
         stats = eng.stats().work
         assert (stats.prefills, stats.prefill_chunks, stats.prefill_events) == (3, 9, 210)
         for u, h in users.items():

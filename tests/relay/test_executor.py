@@ -192,6 +192,42 @@ def test_items_queued_behind_the_first_join_its_batch_up_to_max_batch_in_order()
     ex.close()
 
 
+def test_batch_size_runs_part_of_the_gathered_batch_and_the_rest_lead_the_next_in_order():
+    """`batch_size(n)` of the first item picks how many of the n gathered run now; the others go back to their
+    places, ahead of what was queued after them; an error in it runs the batch as gathered."""
+    ex, rec = DeviceExecutor(), Recorder()
+    gate, running = threading.Event(), threading.Event()
+    asked: list[int] = []
+
+    def two_at_most(n: int) -> int:
+        asked.append(n)
+        if n == 1:
+            raise RuntimeError("boom")  # never asked with 1: a lone item needs no choice
+        return 2 if n > 2 else n
+
+    ex.submit(lambda: running.set() or gate.wait(5))
+    assert running.wait(5)
+    futures = [ex.submit_batched(i, rec.run, max_batch=4, label="rank", batch_size=two_at_most) for i in range(7)]
+    gate.set()
+    assert [f.result(5) for f in futures] == [i * i for i in range(7)]
+    assert rec.batches == [[0, 1], [2, 3], [4, 5], [6]]
+    assert asked == [4, 4, 3]
+    assert ex.batch_stats() == {"rank": {1: 1, 2: 3}} and ex.depth() == 0
+
+    def broken(n: int) -> int:
+        raise RuntimeError("boom")
+
+    running.clear()
+    gate.clear()
+    ex.submit(lambda: running.set() or gate.wait(5))
+    assert running.wait(5)
+    rec.batches.clear()
+    futures = [ex.submit_batched(i, rec.run, max_batch=4, batch_size=broken) for i in range(3)]
+    gate.set()
+    assert [f.result(5) for f in futures] == [0, 1, 4] and rec.batches == [[0, 1, 2]]
+    ex.close()
+
+
 def test_may_join_ends_a_batch_and_the_refused_item_leads_the_next():
     """The first item's `may_join` sees the batch so far plus the candidate; a refusal ends the batch there, order
     kept; an error in it ends the batch too and the thread goes on."""
@@ -291,6 +327,25 @@ def test_request_generators_queued_together_share_device_calls_and_get_their_own
     assert calls[0] == [("a", 0), ("b", 0), ("c", 0)]  # first's max_batch (4) rules the batch
     assert calls[1:] == [[("a", 1), ("b", 1)], [("b", 2)]]
     assert ex.batch_stats()["prefill"] == {1: 1, 2: 1, 3: 1} and ex.depth() == 0
+    ex.close()
+
+
+def test_request_generators_left_out_by_batch_size_keep_their_requests_for_the_next_call():
+    ex, calls, log = DeviceExecutor(), [], []
+
+    def run(payloads):
+        calls.append(list(payloads))
+        return [Outcome(f"{n}:{i}") for n, i in payloads]
+
+    gate, running = threading.Event(), threading.Event()
+    ex.submit(lambda: running.set() or gate.wait(5))
+    assert running.wait(5)
+    gens = [ex.submit_batched_steps(_requests(name, 1, log), run, max_batch=4, label="prefill",
+                                    batch_size=lambda n: 2 if n >= 2 else 1) for name in "abc"]
+    gate.set()
+    assert [g.result(5) for g in gens] == [["a:0"], ["b:0"], ["c:0"]]
+    assert calls == [[("a", 0), ("b", 0)], [("c", 0)]]  # c ran its own request once, in the next call
+    assert ex.batch_stats()["prefill"] == {1: 1, 2: 1} and ex.depth() == 0
     ex.close()
 
 
