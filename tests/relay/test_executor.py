@@ -309,7 +309,9 @@ def _requests(name: str, chunks: int, log: list, catch: bool = False):
     return got
 
 
-def test_request_generators_queued_together_share_device_calls_and_get_their_own_results():
+def _held_executor_with_recorded_calls():
+    """An executor whose thread is held until `gate` is set, and a run function answering "name:i" per payload
+    that records each call's payloads in `calls`."""
     ex, calls, log = DeviceExecutor(), [], []
 
     def run(payloads):
@@ -319,6 +321,11 @@ def test_request_generators_queued_together_share_device_calls_and_get_their_own
     gate, running = threading.Event(), threading.Event()
     ex.submit(lambda: running.set() or gate.wait(5))
     assert running.wait(5)
+    return ex, calls, log, run, gate
+
+
+def test_request_generators_queued_together_share_device_calls_and_get_their_own_results():
+    ex, calls, log, run, gate = _held_executor_with_recorded_calls()
     a = ex.submit_batched_steps(_requests("a", 2, log), run, max_batch=4, label="prefill")
     b = ex.submit_batched_steps(_requests("b", 3, log), run, max_batch=4, label="prefill")
     c = ex.submit_batched_steps(_requests("c", 1, log), run, max_batch=2, label="prefill")  # its own max: led by a
@@ -331,15 +338,7 @@ def test_request_generators_queued_together_share_device_calls_and_get_their_own
 
 
 def test_request_generators_left_out_by_batch_size_keep_their_requests_for_the_next_call():
-    ex, calls, log = DeviceExecutor(), [], []
-
-    def run(payloads):
-        calls.append(list(payloads))
-        return [Outcome(f"{n}:{i}") for n, i in payloads]
-
-    gate, running = threading.Event(), threading.Event()
-    ex.submit(lambda: running.set() or gate.wait(5))
-    assert running.wait(5)
+    ex, calls, log, run, gate = _held_executor_with_recorded_calls()
     gens = [ex.submit_batched_steps(_requests(name, 1, log), run, max_batch=4, label="prefill",
                                     batch_size=lambda n: 2 if n >= 2 else 1) for name in "abc"]
     gate.set()
