@@ -74,9 +74,13 @@ def queue_share(latency: LatencyModel, queued: int, max_batch: int) -> float:
     is batched."""
     if queued < 1 or max_batch <= 1:
         return 1.0
-    cost, left = 0.0, queued
+    # While max_batch or more are left, every call takes the same size: count those calls at once, so the
+    # cost of this admission check does not grow with the queue.
+    full_size = batch_size(latency, max_batch)
+    full_calls = max(0, -(-(queued - max_batch + 1) // full_size))
+    cost, left = full_calls * full_size * per_rank_cost(latency, full_size), queued - full_calls * full_size
     while left:
-        size = batch_size(latency, min(left, max_batch))
+        size = batch_size(latency, left)
         cost += size * per_rank_cost(latency, size)
         left -= size
     return cost / queued
