@@ -218,7 +218,7 @@ def cmd_lengths(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     rows = run_length_curve(args.config, args.lengths, args.output_dir, args.override, args.max_users,
-                            progress=_progress("lengths"))
+                            progress=_progress("lengths"), context=args.context)
     print(format_curve(rows))
     out = Path(args.output_dir)
     print(f"wrote {out / CURVE_JSON} and {out / CURVE_PLOT}; wall time {time.perf_counter() - t0:.0f} s")
@@ -316,6 +316,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="longest history (events) of each ranker")
     ln.add_argument("--output-dir", default="outputs/lengths", help="one len_<L>/ run per length, and the curve")
     ln.add_argument("--max-users", type=int, default=None, help="evaluate only the first N test users")
+    ln.add_argument("--context", metavar="CAPS_JSON",
+                    help="a `relaygr caps` report (one model, its input capped) drawn beside the curve")
     ln.set_defaults(func=cmd_lengths)
 
     caps = subparsers.add_parser("caps", help="quality of one trained model vs the serving cap on its histories")

@@ -6,7 +6,9 @@ items (the history is the L most recent events before the target; the filtered i
 `eval_filter`, the same at every L, so a longer model is not credited with filtering more). Each length's run lives
 in `OUTPUT_DIR/len_<L>/`; a length whose evaluation report exists is not run again, and one whose training
 was interrupted resumes from its last epoch, so a stopped sweep continues where it stopped. The sweep writes
-`length_curve.json` (one row per length) and `length_curve.png` (HR@10 and NDCG@10 vs L).
+`length_curve.json` (one row per length) and `length_curve.png` (HR@10 and NDCG@10 vs L). Given a `relaygr caps`
+report (`context`), the figure draws it in a second panel under the same filter: training length on the left,
+the served context of one model on the right.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from mindspore_relaygr.bench.plots import pyplot, save_figure
 from mindspore_relaygr.config import load_config
 from mindspore_relaygr.errors import ConfigError
+from mindspore_relaygr.train.eval_filter import DEFAULT_FILTERS
 
 BASE_BUCKETS = (64, 128, 256, 512, 1024, 2048)
 CURVE_JSON, CURVE_PLOT, EVAL_NAME = "length_curve.json", "length_curve.png", "eval_test.json"
@@ -33,6 +36,24 @@ def length_overrides(max_len: int, output_dir: Path) -> list[str]:
     buckets = [b for b in BASE_BUCKETS if b < tokens] + [tokens]
     return [f"model.max_seq_len={tokens}", f"model.len_buckets={buckets}", f"cache.max_prefix_len={tokens}",
             "train.max_history_len=null", f"train.output_dir={output_dir}"]
+
+
+def load_context(path: str | Path) -> dict[str, Any]:
+    """A `relaygr caps` report to draw next to the curve; ConfigError unless it is one measured under the
+    curve's filter (the first of `DEFAULT_FILTERS`, the filter of every length's evaluation)."""
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"context report {path}: {exc}") from None
+    if not isinstance(report, dict) or not {"rows", "filters", "model_max_history"} <= report.keys() \
+            or not all(isinstance(r, dict) and "cap" in r for r in report["rows"]) or not report["rows"]:
+        raise ConfigError(f"context report {path}: not a `relaygr caps` report (rows of caps, filters)")
+    curve_filter = DEFAULT_FILTERS[0].name
+    if curve_filter not in report["filters"]:
+        raise ConfigError(f"context report {path} has filters {list(report['filters'])}; the length curve is "
+                          f"evaluated under {curve_filter}: rerun `relaygr caps --filter {curve_filter}`")
+    return report
 
 
 def curve_row(max_len: int, report: dict[str, Any], train_metrics: dict[str, Any]) -> dict[str, Any]:
@@ -52,11 +73,14 @@ def curve_row(max_len: int, report: dict[str, Any], train_metrics: dict[str, Any
 
 def run_length_curve(config_path: str | Path, lengths: Sequence[int], output_dir: str | Path,
                      overrides: Sequence[str] = (), max_users: int | None = None,
-                     progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Train and evaluate every length (skipping finished ones); write and return the curve rows."""
+                     progress: Callable[[str], None] = print,
+                     context: str | Path | None = None) -> list[dict[str, Any]]:
+    """Train and evaluate every length (skipping finished ones); write and return the curve rows. `context`:
+    a `relaygr caps` report drawn next to the curve (checked before any training)."""
     from mindspore_relaygr.train.evaluate import run_evaluation, write_report
     from mindspore_relaygr.train.trainer import CHECKPOINT_NAME, LAST_NAME, METRICS_NAME, STATE_NAME, train
 
+    context_report = load_context(context) if context is not None else None
     out = Path(output_dir)
     rows = []
     for max_len in sorted(set(lengths)):
@@ -75,8 +99,9 @@ def run_length_curve(config_path: str | Path, lengths: Sequence[int], output_dir
     from mindspore_relaygr.bench.machine import machine_info
 
     (out / CURVE_JSON).write_text(json.dumps({"config": str(config_path), "overrides": list(overrides),
+                                              "context": None if context is None else str(context),
                                               "rows": rows, "machine": machine_info()}, indent=2) + "\n")
-    plot_length_curve(rows, out / CURVE_PLOT)
+    plot_length_curve(rows, out / CURVE_PLOT, context_report)
     return rows
 
 
@@ -93,22 +118,37 @@ def format_curve(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot_length_curve(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
-    """HR@10 and NDCG@10 vs the longest history (log x axis)."""
-    plt = pyplot()
+def plot_length_curve(rows: Sequence[dict[str, Any]], path: str | Path,
+                      context: dict[str, Any] | None = None) -> None:
+    """HR@10 and NDCG@10 vs the longest history (log x axis), +- 2 standard errors. With `context` (a `relaygr
+    caps` report) a second panel beside it, on the same y scale: that one model's metrics vs its input cap
+    under the curve's filter."""
+    from mindspore_relaygr.train.cap_curve import metrics_by_cap
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    lengths = [r["max_len"] for r in rows]
-    for key, style in (("hr@10", "o-"), ("ndcg@10", "s-")):
-        ax.errorbar(lengths, [r[key] for r in rows], yerr=[2 * r["se"][key] for r in rows], fmt=style, capsize=3,
-                    label=key)
-    ax.set_xscale("log")
-    ax.minorticks_off()
-    ax.set_xticks(lengths, [str(n) for n in lengths])
+    plt = pyplot()
+    panels = 1 if context is None else 2
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.2), sharey=True, squeeze=False)
+    ax = axes[0][0]
+    name = rows[0]["filter"] if rows else DEFAULT_FILTERS[0].name
     users = rows[0]["users"] if rows else 0
-    ax.set(xlabel="longest history (events)", ylabel="test metric",
-           title=f"quality vs history length ({users} users, all items, filter "
-                 f"{rows[0]['filter'] if rows else '-'}; +- 2 SE)")
-    ax.legend()
+    series = [(ax, [(r["max_len"], r) for r in rows], "longest history trained and served (events)",
+               f"one model per length ({users} users, all items)")]
+    if context is not None:
+        by_cap = metrics_by_cap(context, name)
+        series.append((axes[0][1], sorted(by_cap.items()), "serving cap (most recent events)",
+                       f"one model trained on up to {context['model_max_history']} events, input capped"))
+    for axis, points, xlabel, title in series:
+        xs = [x for x, _ in points]
+        for key, style in (("hr@10", "o-"), ("ndcg@10", "s-")):
+            axis.errorbar(xs, [m[key] for _, m in points], yerr=[2 * m["se"][key] for _, m in points], fmt=style,
+                          capsize=3, label=key.upper())
+        axis.set_xscale("log")
+        axis.minorticks_off()
+        axis.set_xticks(xs, [str(x) for x in xs])
+        axis.set(xlabel=xlabel, title=f"{title}\nfilter {name}; bars +- 2 SE")
+        axis.title.set_fontsize(9)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    ax.set_ylabel("test metric (full ranking)")
     save_figure(fig, path, dpi=110)
     plt.close(fig)
