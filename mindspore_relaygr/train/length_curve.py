@@ -1,14 +1,16 @@
 """Ranking quality vs the longest history the ranker sees: `relaygr lengths`.
 
 For every length L the same recipe (the given config) is trained with `model.max_seq_len = L + 1` (the user
-token and L events), length buckets up to it, and evaluated on the test split with full ranking over all
+token and L events), length buckets up to it, and its best checkpoint is ranked on the test split against all
 items (the history is the L most recent events before the target; the filtered items follow fixed rules,
-`eval_filter`, the same at every L, so a longer model is not credited with filtering more). Each length's run lives
-in `OUTPUT_DIR/len_<L>/`; a length whose evaluation report exists is not run again, and one whose training
-was interrupted resumes from its last epoch, so a stopped sweep continues where it stopped. The sweep writes
-`length_curve.json` (one row per length) and `length_curve.png` (HR@10 and NDCG@10 vs L). Given a `relaygr caps`
-report (`context`), the figure draws it in a second panel under the same filter: training length on the left,
-the served context of one model on the right.
+`eval_filter`, the same at every L, so a longer model is not credited with filtering more). The ranking is the
+batched full-path forward of `relaygr caps` at the model's own length, which equals `rank_full` (its tests
+check) and takes seconds where ranking user by user takes minutes; `relaygr eval` checks the relay path of a
+checkpoint. Each length's run lives in `OUTPUT_DIR/len_<L>/`; a length whose test report (`test_metrics.json`)
+exists is not run again, and one whose training was interrupted resumes from its last epoch, so a stopped sweep
+continues where it stopped. The sweep writes `length_curve.json` (one row per length) and `length_curve.png`
+(HR@10 and NDCG@10 vs L). Given a `relaygr caps` report (`context`), the figure draws it in a second panel under
+the same filter: training length on the left, the served context of one model on the right.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from mindspore_relaygr.errors import ConfigError
 from mindspore_relaygr.train.eval_filter import DEFAULT_FILTERS
 
 BASE_BUCKETS = (64, 128, 256, 512, 1024, 2048)
-CURVE_JSON, CURVE_PLOT, EVAL_NAME = "length_curve.json", "length_curve.png", "eval_test.json"
+CURVE_JSON, CURVE_PLOT, EVAL_NAME = "length_curve.json", "length_curve.png", "test_metrics.json"
 METRICS = ("hr@10", "ndcg@10", "hr@50", "ndcg@50", "hr@200", "ndcg@200", "mrr")
 
 
@@ -57,12 +59,11 @@ def load_context(path: str | Path) -> dict[str, Any]:
 
 
 def curve_row(max_len: int, report: dict[str, Any], train_metrics: dict[str, Any]) -> dict[str, Any]:
-    """One row of the curve: test metrics of the full path under the report's first filter (with their
-    standard errors and every filter's metrics under "by_filter"), and how the point was trained."""
-    if "filters" not in report:
-        raise ConfigError("an evaluation report without fixed filters (written before `eval_filter`): delete "
-                          "its eval_test.json to evaluate the length again")
-    by_filter = next(v for k, v in report["rows"].items() if k.startswith("ours (full"))["full"]
+    """One row of the curve from a length's test report (`quality_vs_cap` at the model's own length): the
+    metrics under the report's first filter with their standard errors, every filter's metrics under
+    "by_filter", and how the point was trained."""
+    (row,) = report["rows"]
+    by_filter = row["metrics"]
     first = next(iter(report["filters"]))
     full = by_filter[first]
     return {"max_len": max_len, "filter": first, **{m: full[m] for m in METRICS}, "se": full["se"],
@@ -77,7 +78,8 @@ def run_length_curve(config_path: str | Path, lengths: Sequence[int], output_dir
                      context: str | Path | None = None) -> list[dict[str, Any]]:
     """Train and evaluate every length (skipping finished ones); write and return the curve rows. `context`:
     a `relaygr caps` report drawn next to the curve (checked before any training)."""
-    from mindspore_relaygr.train.evaluate import run_evaluation, write_report
+    from mindspore_relaygr.bench.model_bench import write_report
+    from mindspore_relaygr.train.cap_curve import quality_vs_cap
     from mindspore_relaygr.train.trainer import CHECKPOINT_NAME, LAST_NAME, METRICS_NAME, STATE_NAME, train
 
     context_report = load_context(context) if context is not None else None
@@ -89,9 +91,9 @@ def run_length_curve(config_path: str | Path, lengths: Sequence[int], output_dir
         if not (run_dir / EVAL_NAME).is_file():
             resume = (run_dir / STATE_NAME).is_file() and (run_dir / LAST_NAME).is_file()
             progress(f"length {max_len}: {'resuming' if resume else 'training'} in {run_dir}")
-            train(cfg, progress=progress, resume=resume)
-            report = run_evaluation(cfg, run_dir / CHECKPOINT_NAME, "test", baselines=(), max_users=max_users,
-                                    progress=progress)
+            train(cfg, progress=progress, resume=resume)  # a finished or early-stopped run trains no further
+            report = quality_vs_cap(cfg, run_dir / CHECKPOINT_NAME, ["all"], "test", max_users, progress,
+                                    DEFAULT_FILTERS)
             write_report(report, run_dir / EVAL_NAME)
         report = json.loads((run_dir / EVAL_NAME).read_text())
         rows.append(curve_row(max_len, report, json.loads((run_dir / METRICS_NAME).read_text())))

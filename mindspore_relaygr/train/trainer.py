@@ -230,6 +230,9 @@ class Trainer:
             save_vocabulary(self.data.interactions, out)
         result = TrainResult(out, out / CHECKPOINT_NAME, {"valid_ndcg@10": -1.0})
         first_epoch = self._resume(result) if resume else 1
+        if first_epoch > 1 and not self.tc.train_on_valid and self._patience_used(result):
+            self.progress(f"the run stopped early after epoch {first_epoch - 1}: nothing to resume")
+            first_epoch = self.tc.epochs + 1
         t0, train_seconds, tokens = time.perf_counter() - result.seconds, 0.0, 0  # seconds: before a resume
         for epoch in range(first_epoch, self.tc.epochs + 1):
             tick = time.perf_counter()
@@ -252,7 +255,7 @@ class Trainer:
                 self.progress(f"early stop after epoch {epoch}: no better validation NDCG@10 in "
                               f"{self.tc.patience} validations")
                 break
-        if first_epoch > self.tc.epochs:  # resumed after the last epoch: the report of the run as it stands
+        if first_epoch > self.tc.epochs:  # resumed after the last or early-stopped epoch: the report as it stands
             self._write_metrics(result)
         self.model.refresh_weights()  # the serving graphs read assembled copies of the trained weights
         return result
@@ -292,8 +295,11 @@ class Trainer:
         self.progress(f"epoch {epoch} validation ({entry['valid_users']} users, all items): HR@10 "
                       f"{entry['valid_hr@10']:.4f} NDCG@10 {entry['valid_ndcg@10']:.4f} (train loss {train_loss:.4f}, "
                       f"{entry['eval_seconds']:.1f} s)" + (" -> saved best checkpoint" if best else ""))
-        since_best = sum(1 for e in result.evals if e["epoch"] > result.best["epoch"])
-        return since_best >= self.tc.patience
+        return self._patience_used(result)
+
+    def _patience_used(self, result: TrainResult) -> bool:
+        """`train.patience` validations since the best one: training stops (and a resume does not continue)."""
+        return sum(1 for e in result.evals if e["epoch"] > result.best["epoch"]) >= self.tc.patience
 
     def _keep_last(self, result: TrainResult, epoch: int, train_loss: float) -> None:
         """train.train_on_valid: this epoch's weights are the checkpoint (no validation to choose by)."""
