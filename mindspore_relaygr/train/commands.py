@@ -45,8 +45,9 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"NDCG@10 {best['valid_ndcg@10']:.4f}, all items)")
     else:  # train.train_on_valid: no validation
         print(f"checkpoint: {result.checkpoint} (epoch {best['epoch']}; the validation events trained)")
+    rate = "" if result.tokens_per_s is None else f", {result.tokens_per_s:,.0f} tokens/s"
     print(f"wrote {result.output_dir / CONFIG_NAME} and {result.output_dir / METRICS_NAME}; "
-          f"{result.steps} steps, {result.tokens_per_s:,.0f} tokens/s, wall time {time.perf_counter() - t0:.0f} s")
+          f"{result.steps} steps{rate}, wall time {time.perf_counter() - t0:.0f} s")
     return 0
 
 

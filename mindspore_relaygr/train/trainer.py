@@ -141,7 +141,14 @@ class TrainResult:
     step_losses: list[float] = field(default_factory=list)  # this worker's loss of every step
     steps: int = 0
     seconds: float = 0.0
-    tokens_per_s: float = 0.0  # valid tokens through the training graph per second (steps only)
+    tokens: int = 0  # valid tokens through the training graph, every epoch of the run (resumes included)
+    step_seconds: float = 0.0  # time in training steps of those epochs
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Valid tokens through the training graph per second of training steps (None: no epoch recorded one,
+        as in a run resumed from a state written before `tokens` existed and then not trained further)."""
+        return self.tokens / self.step_seconds if self.step_seconds > 0 else None
 
 
 class Trainer:
@@ -233,12 +240,12 @@ class Trainer:
         if first_epoch > 1 and not self.tc.train_on_valid and self._patience_used(result):
             self.progress(f"the run stopped early after epoch {first_epoch - 1}: nothing to resume")
             first_epoch = self.tc.epochs + 1
-        t0, train_seconds, tokens = time.perf_counter() - result.seconds, 0.0, 0  # seconds: before a resume
+        t0 = time.perf_counter() - result.seconds  # seconds: before a resume
         for epoch in range(first_epoch, self.tc.epochs + 1):
             tick = time.perf_counter()
             loss, epoch_tokens = self._epoch(epoch, result)
-            train_seconds += time.perf_counter() - tick
-            tokens += epoch_tokens
+            result.step_seconds += time.perf_counter() - tick
+            result.tokens += epoch_tokens
             result.epoch_losses.append(loss)
             stop = False
             if self.tc.train_on_valid:  # the validation targets trained: no model selection, the last epoch
@@ -246,7 +253,6 @@ class Trainer:
             elif epoch % self.tc.eval_every == 0 or epoch == self.tc.epochs:
                 stop = self._validate(result, epoch, loss)
             result.seconds = time.perf_counter() - t0
-            result.tokens_per_s = tokens / max(train_seconds, 1e-9)
             self._save_state(result, epoch)
             if self.is_chief and self.tc.keep_every and epoch % self.tc.keep_every == 0:
                 self.model.save_checkpoint(out / epoch_checkpoint_name(epoch))
@@ -315,7 +321,8 @@ class Trainer:
         out = result.output_dir
         ms.save_checkpoint(self.step_cell, str(out / LAST_NAME))
         state = {"epoch": epoch, "steps": result.steps, "best": result.best, "evals": result.evals,
-                 "epoch_losses": result.epoch_losses, "seconds": result.seconds, "rng": self.rng.bit_generator.state}
+                 "epoch_losses": result.epoch_losses, "seconds": result.seconds, "tokens": result.tokens,
+                 "step_seconds": result.step_seconds, "rng": self.rng.bit_generator.state}
         (out / STATE_NAME).write_text(json.dumps(state, indent=1) + "\n")
 
     def _resume(self, result: TrainResult) -> int:
@@ -331,6 +338,8 @@ class Trainer:
         result.best, result.evals = state["best"], state["evals"]
         result.epoch_losses, result.steps = state["epoch_losses"], state["steps"]
         result.seconds = float(state.get("seconds", 0.0))  # wall time of the epochs before the resume
+        # A state written before these keys existed: the rate covers the epochs after the resume only.
+        result.tokens, result.step_seconds = int(state.get("tokens", 0)), float(state.get("step_seconds", 0.0))
         self.progress(f"resumed from {out / LAST_NAME} after epoch {state['epoch']} (step {state['steps']})")
         return int(state["epoch"]) + 1
 
@@ -349,7 +358,7 @@ class Trainer:
             "train_seconds": result.seconds,
             "steps": result.steps,
             "workers": self.shard.size,
-            "tokens_per_s": result.tokens_per_s * self.shard.size,
+            "tokens_per_s": None if result.tokens_per_s is None else result.tokens_per_s * self.shard.size,
             "data": {"source": data.interactions.source, "users": data.interactions.num_users,
                      "items": data.num_items, "events": len(data.interactions),
                      "event_types": [str(t) for t in data.interactions.event_types],

@@ -172,12 +172,14 @@ def test_seeded_runs_repeat_and_resume_continues(synthetic_config, tmp_path):
     resumed = train(_cfg(synthetic_config, tmp_path / "c", *two), resume=True)
     assert resumed.epoch_losses == whole.epoch_losses
     assert [e["epoch"] for e in resumed.evals] == [1, 2]
+    assert resumed.tokens == whole.tokens > 0  # the rate counts the epochs before the resume too
     # A run that stopped early is finished: resuming it (with epochs left) trains nothing more.
     frozen = ["train.epochs=5", "train.eval_every=1", "train.patience=1", "train.lr=1e-12"]
     stopped = train(_cfg(synthetic_config, tmp_path / "e", *frozen))
     assert [e["epoch"] for e in stopped.evals] == [1, 2]  # no better validation at epoch 2: stopped
     again = train(_cfg(synthetic_config, tmp_path / "e", *frozen), resume=True)
     assert again.epoch_losses == stopped.epoch_losses and again.evals == stopped.evals
+    assert again.tokens_per_s == stopped.tokens_per_s > 0
     # Another seed draws other masks (and order): the run differs.
     other = train(_cfg(synthetic_config, tmp_path / "d", *two, "train.seed=9"))
     assert other.step_losses != whole.step_losses
