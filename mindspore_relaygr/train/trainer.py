@@ -237,7 +237,7 @@ class Trainer:
             save_vocabulary(self.data.interactions, out)
         result = TrainResult(out, out / CHECKPOINT_NAME, {"valid_ndcg@10": -1.0})
         first_epoch = self._resume(result) if resume else 1
-        if first_epoch > 1 and not self.tc.train_on_valid and self._patience_used(result):
+        if resume and self._patience_used(result):  # no validations (train_on_valid): never used up
             self.progress(f"the run stopped early after epoch {first_epoch - 1}: nothing to resume")
             first_epoch = self.tc.epochs + 1
         t0 = time.perf_counter() - result.seconds  # seconds: before a resume
